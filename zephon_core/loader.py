@@ -1,0 +1,188 @@
+"""The loader of one data-parallel rank: its lanes, the tail multiplexer, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import check_state, gather_global_state, make_state
+from .errors import ConfigError
+from .lane import LaneRun
+from .packing import Row
+from .pipeline import Execution, Plan
+from .recipe import Recipe
+from .records import Origin
+from .runners import Runner
+from .sources import DatasetOrder, LaneSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepMeta:
+    """What a step's local batch is made of: its rows' segments and the drops decided with them."""
+
+    step: int
+    lanes: list[int]
+    rows: list[list[tuple[Origin, int, int]]]
+    drops: list[tuple[Origin, str]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(e - s for row in self.rows for _, s, e in row)
+
+
+class Loader:
+    """An iterator of local batches for rank `dp_rank` of `dp_world_size`.
+
+    Local batch `t` is, in lane order, rows `[t*r, (t+1)*r)` of each of this
+    rank's lanes; concatenating ranks `0..D-1` gives the global batch, which is
+    therefore the same for every `D` dividing `L`.
+    """
+
+    def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
+                 execution: Execution | None = None, microbatches: int = 1,
+                 runners: dict[int, Runner] | None = None, gather: bool = True) -> None:
+        self.recipe = recipe
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.lanes = recipe.lanes_of(dp_rank, dp_world_size)
+        self.local_rows = recipe.rows_per_lane * len(self.lanes)
+        if microbatches < 1 or self.local_rows % microbatches:
+            raise ConfigError(f"the local batch of {self.local_rows} rows cannot be split into "
+                              f"{microbatches} equal microbatches")
+        self.microbatches = microbatches
+        self.execution = execution or Execution()
+        self.plan = Plan(recipe.ops, self.execution)
+        self.fingerprint = recipe.fingerprint()
+        self._owns_runners = runners is None
+        self.runners = runners if runners is not None else self.plan.make_runners()
+        self.gather = gather
+        sizes = [[d.reader.shard_len(s) for s in range(d.reader.num_shards)]
+                 for d in recipe.datasets]
+        self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
+                        for j, sz in enumerate(sizes)]
+        self.step = 0
+        self.last_meta: StepMeta | None = None
+        self.end_of_data: list[tuple[int, int]] = []
+        self._closed = False
+        self._build_lanes(None)
+
+    def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
+        r = self.recipe
+        self._runs = []
+        for lane in self.lanes:
+            src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
+                             r.epochs)
+            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane)
+            if snapshots is not None:
+                run.restore(snapshots[lane])
+            self._runs.append(run)
+        self._snapshots = {run.lane: run.snapshot() for run in self._runs} \
+            if snapshots is None else dict(snapshots)
+
+    # --- iteration ---------------------------------------------------------
+    def __iter__(self) -> Loader:
+        return self
+
+    def next_rows(self) -> list[Row] | None:
+        """The local batch's rows in lane order, or None at the end of the data."""
+        if self._closed:
+            raise RuntimeError("the loader is closed")
+        r = self.recipe.rows_per_lane
+        ahead = self.execution.prefetch_steps
+        for run in self._runs:
+            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+        while not all(len(run.rows) >= r for run in self._runs):
+            if any(run.finished and len(run.rows) < r for run in self._runs):
+                self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
+                return None
+            progressed = False
+            for run in self._runs:
+                progressed |= run.pump()
+            if not progressed:
+                heads = [f for run in self._runs for f in run.head_futures()]
+                if not heads:
+                    raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
+                                       f"lanes {self.lanes}, step {self.step}")
+                wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+        rows: list[Row] = []
+        drops: list[tuple[Origin, str]] = []
+        for run in self._runs:
+            taken = [run.rows.popleft() for _ in range(r)]
+            rows += [row for row, _ in taken]
+            drops += [d for row, _ in taken for d in row.drops]
+            self._snapshots[run.lane] = taken[-1][1]
+        for run in self._runs:
+            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+            run.pump()
+        self.last_meta = StepMeta(
+            self.step, list(self.lanes),
+            [[(s.origin, s.start, s.end) for s in row.segments] for row in rows], drops)
+        self.step += 1
+        return rows
+
+    def __next__(self) -> Any:
+        rows = self.next_rows()
+        if rows is None:
+            raise StopIteration
+        if self.microbatches == 1:
+            return self.recipe.collate(rows)
+        k = len(rows) // self.microbatches
+        return [self.recipe.collate(rows[i:i + k]) for i in range(0, len(rows), k)]
+
+    # --- checkpoint --------------------------------------------------------
+    def local_state_dict(self) -> dict:
+        """This rank's lanes only, at the last step boundary delivered."""
+        return make_state(self.fingerprint, self.step, self._snapshots, self.recipe.num_lanes)
+
+    def state_dict(self) -> dict:
+        """The global state when torch.distributed is initialized (identical on every rank).
+
+        Without torch.distributed it is this rank's local state; merge the
+        states of all ranks with `merge_states` to resume on another rank count.
+        """
+        local = self.local_state_dict()
+        if self.gather:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                return gather_global_state(local)
+        return local
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken, on this loader's rank count."""
+        check_state(state, self.fingerprint, self.lanes)
+        snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
+        self.step = int(state["step"])
+        self._build_lanes(snaps)
+
+    # --- lifecycle -----------------------------------------------------------
+    def explain(self) -> str:
+        r = self.recipe
+        head = (f"recipe {r.name}: L={r.num_lanes} lanes, G={r.global_batch_size} rows/step "
+                f"({r.rows_per_lane} per lane), S={r.seq_len}; rank {self.dp_rank}/"
+                f"{self.dp_world_size} owns lanes {self.lanes[0]}..{self.lanes[-1]}")
+        return head + "\n" + self.plan.explain(len(self.lanes), r.rows_per_lane)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_runners:
+            for runner in self.runners.values():
+                runner.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

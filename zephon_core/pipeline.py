@@ -1,0 +1,135 @@
+"""A pipeline definition, the execution knobs, and the compiled plan.
+
+The *recipe* (operators and their settings) decides the data. The
+*execution* (runner, workers per operator, group size, prefetch) decides only
+where and when work happens; it is never part of a checkpoint fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .operators import AccumulatorOp, Operator, StageFn, Transform
+from .packing import Pack
+from .runners import RUNNERS, Runner, make_runner
+
+
+@dataclass
+class Execution:
+    """Where and how fast work runs; changing any of it never changes a batch.
+
+    `runner` is the default for every transform; `runners` and `workers`
+    override it per operator name. Consecutive transforms with the same runner
+    and worker count are fused into one stage (one worker call per group).
+    """
+
+    runner: str = "inline"
+    runners: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, int] = field(default_factory=dict)
+    default_workers: int = 1
+    group_size: int = 8
+    prefetch: int = 4
+    prefetch_steps: int = 1
+    start_method: str = "spawn"
+    fuse: bool = True
+
+    def __post_init__(self) -> None:
+        for kind in [self.runner, *self.runners.values()]:
+            if kind not in RUNNERS:
+                raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
+        if self.group_size < 1 or self.prefetch < 1 or self.prefetch_steps < 0:
+            raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
+
+    def runner_for(self, t: Transform) -> tuple[str, int]:
+        kind = self.runners.get(t.name, self.runner)
+        workers = self.workers.get(t.name, self.default_workers)
+        return kind, (1 if kind == "inline" else workers)
+
+
+@dataclass
+class Stage:
+    """One step of the compiled lane pipeline."""
+
+    index: int
+    kind: str  # "transform" | "accumulator" | "pack"
+    ops: list[Operator]
+    runner_kind: str = "inline"
+    workers: int = 1
+
+    @property
+    def name(self) -> str:
+        return "+".join(o.name for o in self.ops)
+
+
+class Plan:
+    """Operators compiled into stages: fused transforms, accumulators, and the packer last."""
+
+    def __init__(self, ops: list[Operator], execution: Execution) -> None:
+        names = [o.name for o in ops]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"operator names must be unique; repeated: {sorted(dup)}")
+        if not ops or not isinstance(ops[-1], Pack):
+            raise ConfigError("a pipeline must end with a Pack operator (rows are packed per lane)")
+        if any(isinstance(o, Pack) for o in ops[:-1]):
+            raise ConfigError("only one Pack operator is allowed, at the end")
+        self.ops = ops
+        self.execution = execution
+        self.stages: list[Stage] = []
+        for op in ops:
+            if isinstance(op, Transform):
+                kind, workers = execution.runner_for(op)
+                last = self.stages[-1] if self.stages else None
+                if (execution.fuse and last is not None and last.kind == "transform"
+                        and (last.runner_kind, last.workers) == (kind, workers)):
+                    last.ops.append(op)
+                else:
+                    self.stages.append(Stage(len(self.stages), "transform", [op], kind, workers))
+            elif isinstance(op, AccumulatorOp):
+                self.stages.append(Stage(len(self.stages), "accumulator", [op]))
+            elif isinstance(op, Pack):
+                self.stages.append(Stage(len(self.stages), "pack", [op]))
+            else:
+                raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
+                                  "AccumulatorOp nor a Pack")
+
+    @property
+    def pack(self) -> Pack:
+        return self.ops[-1]  # type: ignore[return-value]
+
+    def stage_fn(self, stage: Stage) -> StageFn:
+        return StageFn(list(stage.ops))  # type: ignore[arg-type]
+
+    def prefix_fn(self, upto: int) -> StageFn:
+        """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""
+        return StageFn([op for s in self.stages[:upto] if s.kind == "transform"
+                        for op in s.ops])  # type: ignore[misc]
+
+    def make_runners(self) -> dict[int, Runner]:
+        ex = self.execution
+        return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
+                                     ex.start_method, s.name)
+                for s in self.stages if s.kind == "transform"}
+
+    def settings(self) -> list[dict]:
+        return [{"name": o.name, "type": type(o).__name__, **o.settings()} for o in self.ops]
+
+    def explain(self, lanes: int | None = None, rows_per_lane: int | None = None) -> str:
+        ex = self.execution
+        lines = ["zephon plan (per lane, in order):"]
+        lines.append("  source: pointers from the work source (no I/O)")
+        for s in self.stages:
+            if s.kind == "transform":
+                par = "in the driver thread" if s.runner_kind == "inline" else \
+                    f"{s.workers} {s.runner_kind[:-1] if s.workers == 1 else s.runner_kind}"
+                lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
+                             f"groups of {ex.group_size}, up to {ex.prefetch} groups in flight "
+                             "per lane]")
+            else:
+                lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")
+        tail = "  tail: lane multiplexer -> local batch in lane order"
+        if lanes is not None and rows_per_lane is not None:
+            tail += f" ({lanes} lanes x {rows_per_lane} rows per step)"
+        lines.append(tail + f"; {ex.prefetch_steps} step(s) prefetched")
+        return "\n".join(lines)
