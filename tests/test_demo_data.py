@@ -54,7 +54,8 @@ def test_incomplete_or_different_build_is_redone(demo, tmp_path: Path) -> None:
     assert again.built and again.sha256 == ds.sha256
     bigger = build_demo_dataset(tmp_path / "d", num_samples=12, videos=0, samples_per_shard=12)
     assert bigger.built and sorted(p.name for p in (tmp_path / "d").glob("*.tar")) == [
-        "demo-000000.tar"]
+        "demo-000000.tar"
+    ]
 
 
 def test_sample_kinds(demo) -> None:
@@ -63,8 +64,7 @@ def test_sample_kinds(demo) -> None:
     got = samples(demo)
     assert len(got) == demo.num_samples == 42
     counts = {k: sum(kind(s) == k for s in got) for k in demo.counts}
-    assert counts == demo.counts == {
-        "caption": 28, "conversation": 8, "interleaved": 4, "video": 2}
+    assert counts == demo.counts == {"caption": 28, "conversation": 8, "interleaved": 4, "video": 2}
     assert [s["__key__"] for s in got] == [f"{i:06d}" for i in range(42)]
     n_images = 0
     for s in got:

@@ -30,8 +30,11 @@ def wds_samples(path: Path) -> list[dict]:
 def make_samples(n: int) -> list[dict]:
     out = []
     for i in range(n):
-        s = {"__key__": f"{i:06d}", "txt": f"caption {i} " * (i % 7 + 1),
-             "jpg": bytes([i % 251]) * (100 + 37 * i)}
+        s = {
+            "__key__": f"{i:06d}",
+            "txt": f"caption {i} " * (i % 7 + 1),
+            "jpg": bytes([i % 251]) * (100 + 37 * i),
+        }
         if i % 5 == 0:
             s["json"] = {"i": i}
         if i % 9 == 0:  # interleaved document members
@@ -61,7 +64,10 @@ def test_round_trip_equals_webdataset(shard: Path) -> None:
     assert r.shard_len(0) == 40 and got[9]["1.jpg"] == b"b" * 609
     assert {s["__shard__"] for s in got} == {shard.name}
     assert r.describe_shard(0) == {
-        "name": shard.name, "size": shard.stat().st_size, "num_samples": 40}
+        "name": shard.name,
+        "size": shard.stat().st_size,
+        "num_samples": 40,
+    }
     json.dumps(r.describe_shard(0))
 
 
@@ -69,6 +75,7 @@ def test_odd_members_follow_webdataset_rules(tmp_path: Path) -> None:
     """Directories, metadata, names without extension, upper-case extensions, keys with dirs."""
     p = tmp_path / "odd.tar"
     with tarfile.open(p, "w", format=tarfile.PAX_FORMAT) as tf:
+
         def add(name: str, data: bytes) -> None:
             ti = tarfile.TarInfo(name)
             ti.size = len(data)
@@ -153,8 +160,11 @@ def wds_samples_prefix(samples: list[dict]) -> list[dict]:
     for s in samples:
         d = {}
         for k, v in s.items():
-            d[k] = v if k == "__key__" or isinstance(v, bytes) else (
-                v.encode() if isinstance(v, str) else json.dumps(v).encode())
+            d[k] = (
+                v
+                if k == "__key__" or isinstance(v, bytes)
+                else (v.encode() if isinstance(v, str) else json.dumps(v).encode())
+            )
         out.append(d)
     return out
 
@@ -252,12 +262,17 @@ def test_shards_from_folder_pairs_files(tmp_path: Path, caplog: pytest.LogCaptur
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     files = {
-        "b.png": b"PNG-b", "b.json": b'{"caption": "bee"}',
-        "a.jpg": b"JPG-a", "a.txt": b"an a",
+        "b.png": b"PNG-b",
+        "b.json": b'{"caption": "bee"}',
+        "a.jpg": b"JPG-a",
+        "a.txt": b"an a",
         "c.webp": b"WEBP-c",  # no caption: kept image-only
         "d.txt": b"orphan caption",
-        "e.v2.JPEG": b"JPG-e", "e.v2.txt": b"an e",
-        "sub/f.jpg": b"JPG-f", "sub/f.txt": b"an f", "sub/f.json": b"{}",
+        "e.v2.JPEG": b"JPG-e",
+        "e.v2.txt": b"an e",
+        "sub/f.jpg": b"JPG-f",
+        "sub/f.txt": b"an f",
+        "sub/f.json": b"{}",
     }
     for name, data in files.items():
         (src / name).write_bytes(data)

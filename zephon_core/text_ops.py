@@ -50,10 +50,15 @@ def tokenizer_identity(path: str | os.PathLike) -> dict:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """A `transformers` tokenizer from a local folder (never from a hub)."""
+    """A `transformers` tokenizer from a local folder (never from a hub); one per process."""
+    return _load_tokenizer(str(Path(path).resolve()))
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 class Tokenize(Transform):
@@ -108,3 +113,20 @@ class Tokenize(Transform):
 
 def _where(e: Element) -> str:
     return e.origin.where() if e.origin is not None else "?"
+
+
+class MinTokens(Transform):
+    """Drop documents with fewer than `n` tokens (recorded as ``too_short``)."""
+
+    def __init__(self, n: int, name: str = "min_tokens") -> None:
+        self.n = n
+        self.name = name
+
+    def settings(self) -> dict:
+        return {"n": self.n}
+
+    def process_many(self, elements: list[Element]) -> list[Any]:
+        from .records import Dropped
+
+        return [e.payload if len(e.payload["tokens"]) >= self.n else Dropped("too_short")
+                for e in elements]

@@ -84,15 +84,21 @@ PHOTOS: tuple[Photo, ...] = (
             "A metal neck ring for the helmet rises around the collar of her suit.",
         ),
         (
-            ("What is the person in this picture wearing?",
-             "She is wearing an orange launch and entry suit, the pressure suit Space Shuttle "
-             "crews wore for launch and landing, with round mission patches on the chest."),
-            ("What objects can be seen next to her?",
-             "An American flag is on the left, a model of the Space Shuttle with its external "
-             "tank and boosters stands on the right, and a black helmet sits in front of her."),
-            ("Where was this photo most likely taken?",
-             "It looks like an official portrait taken in a studio, with a mottled grey "
-             "backdrop and props chosen to represent the space program."),
+            (
+                "What is the person in this picture wearing?",
+                "She is wearing an orange launch and entry suit, the pressure suit Space Shuttle "
+                "crews wore for launch and landing, with round mission patches on the chest.",
+            ),
+            (
+                "What objects can be seen next to her?",
+                "An American flag is on the left, a model of the Space Shuttle with its external "
+                "tank and boosters stands on the right, and a black helmet sits in front of her.",
+            ),
+            (
+                "Where was this photo most likely taken?",
+                "It looks like an official portrait taken in a studio, with a mottled grey "
+                "backdrop and props chosen to represent the space program.",
+            ),
         ),
     ),
     Photo(
@@ -108,15 +114,21 @@ PHOTOS: tuple[Photo, ...] = (
             "The legs of the tripod spread wide over the short grass in the foreground.",
         ),
         (
-            ("What is the man doing?",
-             "He is looking through the viewfinder of a camera on a tripod, apparently lining "
-             "up a shot of something to his right."),
-            ("Is this a colour photograph?",
-             "No, it is a greyscale image. The man's coat is almost black and the sky is a "
-             "light, even grey."),
-            ("What is in the background?",
-             "Behind the man there is a flat lawn and, far off on the horizon, a few buildings "
-             "and a tall slender tower."),
+            (
+                "What is the man doing?",
+                "He is looking through the viewfinder of a camera on a tripod, apparently lining "
+                "up a shot of something to his right.",
+            ),
+            (
+                "Is this a colour photograph?",
+                "No, it is a greyscale image. The man's coat is almost black and the sky is a "
+                "light, even grey.",
+            ),
+            (
+                "What is in the background?",
+                "Behind the man there is a flat lawn and, far off on the horizon, a few buildings "
+                "and a tall slender tower.",
+            ),
         ),
     ),
     Photo(
@@ -131,14 +143,20 @@ PHOTOS: tuple[Photo, ...] = (
             "Dark stripes run from the top of her head down between her ears.",
         ),
         (
-            ("What animal is this?",
-             "It is a domestic tabby cat, photographed close up so that her face fills most "
-             "of the frame."),
-            ("What colour are the cat's eyes?",
-             "Her eyes are a yellowish green with large dark pupils."),
-            ("Is the background sharp?",
-             "No, the background is blurred into soft reddish and brown tones, which keeps "
-             "attention on the cat's face."),
+            (
+                "What animal is this?",
+                "It is a domestic tabby cat, photographed close up so that her face fills most "
+                "of the frame.",
+            ),
+            (
+                "What colour are the cat's eyes?",
+                "Her eyes are a yellowish green with large dark pupils.",
+            ),
+            (
+                "Is the background sharp?",
+                "No, the background is blurred into soft reddish and brown tones, which keeps "
+                "attention on the cat's face.",
+            ),
         ),
     ),
     Photo(
@@ -147,21 +165,26 @@ PHOTOS: tuple[Photo, ...] = (
         "a wall clock blurred by camera motion",
         (
             "The photo shows a round wall clock, but the camera moved during the exposure.",
-            "Motion blur smears the clock face into a soft pale oval in the middle of the "
-            "frame.",
+            "Motion blur smears the clock face into a soft pale oval in the middle of the frame.",
             "The surrounding wall is a smooth, even grey with no other details.",
             "Images like this one are used to test deblurring algorithms.",
         ),
         (
-            ("Why is the object in the middle so blurry?",
-             "The camera moved sideways while the shutter was open, so the round clock face "
-             "is smeared into a soft oval."),
-            ("What is the object in the picture?",
-             "It is a wall clock, although the motion blur hides the hands and the numbers "
-             "on its face."),
-            ("Can you read the time?",
-             "No. The blur is too strong to make out the hands, so the time cannot be read "
-             "from this image."),
+            (
+                "Why is the object in the middle so blurry?",
+                "The camera moved sideways while the shutter was open, so the round clock face "
+                "is smeared into a soft oval.",
+            ),
+            (
+                "What is the object in the picture?",
+                "It is a wall clock, although the motion blur hides the hands and the numbers "
+                "on its face.",
+            ),
+            (
+                "Can you read the time?",
+                "No. The blur is too strong to make out the hands, so the time cannot be read "
+                "from this image.",
+            ),
         ),
     ),
     Photo(
@@ -175,14 +198,20 @@ PHOTOS: tuple[Photo, ...] = (
             "A thin layer of golden crema covers the coffee.",
         ),
         (
-            ("What drink is in the cup?",
-             "It looks like an espresso or a small black coffee, with a layer of golden crema "
-             "on top."),
-            ("What colour is the cup?",
-             "The cup and its saucer are both a deep glossy red, and the inside of the cup "
-             "is white."),
-            ("What is the table made of?",
-             "It appears to be a wooden table with a warm brown finish and visible grain."),
+            (
+                "What drink is in the cup?",
+                "It looks like an espresso or a small black coffee, with a layer of golden crema "
+                "on top.",
+            ),
+            (
+                "What colour is the cup?",
+                "The cup and its saucer are both a deep glossy red, and the inside of the cup "
+                "is white.",
+            ),
+            (
+                "What is the table made of?",
+                "It appears to be a wooden table with a warm brown finish and visible grain.",
+            ),
         ),
     ),
     Photo(
@@ -196,13 +225,19 @@ PHOTOS: tuple[Photo, ...] = (
             "The coins are Greek and were found at Pompeii.",
         ),
         (
-            ("What are these objects?",
-             "They are ancient Greek coins found at Pompeii, photographed in greyscale."),
-            ("What is shown on the coins?",
-             "Most coins show a head in profile or a standing figure, worn down by age."),
-            ("Is this photo in colour?",
-             "No, it is a greyscale photo, so the coins appear as light grey discs on a "
-             "darker grey background."),
+            (
+                "What are these objects?",
+                "They are ancient Greek coins found at Pompeii, photographed in greyscale.",
+            ),
+            (
+                "What is shown on the coins?",
+                "Most coins show a head in profile or a standing figure, worn down by age.",
+            ),
+            (
+                "Is this photo in colour?",
+                "No, it is a greyscale photo, so the coins appear as light grey discs on a "
+                "darker grey background.",
+            ),
         ),
     ),
     Photo(
@@ -218,15 +253,21 @@ PHOTOS: tuple[Photo, ...] = (
             "Almost every point of light here is a galaxy rather than a star.",
         ),
         (
-            ("What are the small dots of light?",
-             "Nearly all of them are galaxies, many of them billions of light years away; "
-             "only a few are foreground stars in our own galaxy."),
-            ("Which telescope took this image?",
-             "It is the Hubble eXtreme Deep Field, made by combining many long exposures from "
-             "the Hubble Space Telescope."),
-            ("Why do some galaxies look red?",
-             "The most distant galaxies look red because the expansion of the universe has "
-             "stretched their light to longer wavelengths."),
+            (
+                "What are the small dots of light?",
+                "Nearly all of them are galaxies, many of them billions of light years away; "
+                "only a few are foreground stars in our own galaxy.",
+            ),
+            (
+                "Which telescope took this image?",
+                "It is the Hubble eXtreme Deep Field, made by combining many long exposures from "
+                "the Hubble Space Telescope.",
+            ),
+            (
+                "Why do some galaxies look red?",
+                "The most distant galaxies look red because the expansion of the universe has "
+                "stretched their light to longer wavelengths.",
+            ),
         ),
     ),
     Photo(
@@ -242,14 +283,20 @@ PHOTOS: tuple[Photo, ...] = (
             "Slides like this show pathologists where a protein is expressed.",
         ),
         (
-            ("What kind of image is this?",
-             "It is a light microscope image of a tissue section prepared with "
-             "immunohistochemistry, which stains a chosen protein brown."),
-            ("What do the blue spots show?",
-             "The small blue spots are cell nuclei counterstained with haematoxylin."),
-            ("What do the brown regions mean?",
-             "Brown marks where the antibody bound to its target protein, so the brown cells "
-             "are the ones expressing it."),
+            (
+                "What kind of image is this?",
+                "It is a light microscope image of a tissue section prepared with "
+                "immunohistochemistry, which stains a chosen protein brown.",
+            ),
+            (
+                "What do the blue spots show?",
+                "The small blue spots are cell nuclei counterstained with haematoxylin.",
+            ),
+            (
+                "What do the brown regions mean?",
+                "Brown marks where the antibody bound to its target protein, so the brown cells "
+                "are the ones expressing it.",
+            ),
         ),
     ),
     Photo(
@@ -258,18 +305,21 @@ PHOTOS: tuple[Photo, ...] = (
         "the cratered surface of the Moon",
         (
             "The greyscale photo shows a patch of the lunar surface seen from above.",
-            "Small round craters and dark patches stand out on an otherwise smooth grey "
-            "plain.",
+            "Small round craters and dark patches stand out on an otherwise smooth grey plain.",
             "Light and shadow reveal the rims of several small craters.",
             "There is no sky or horizon in the frame, only the ground.",
         ),
         (
-            ("What is shown in this picture?",
-             "It shows a small area of the Moon's surface in greyscale, with a few craters "
-             "and some darker patches of ground."),
-            ("Are there any craters?",
-             "Yes, several small round craters are visible, their rims picked out by light "
-             "and shadow."),
+            (
+                "What is shown in this picture?",
+                "It shows a small area of the Moon's surface in greyscale, with a few craters "
+                "and some darker patches of ground.",
+            ),
+            (
+                "Are there any craters?",
+                "Yes, several small round craters are visible, their rims picked out by light "
+                "and shadow.",
+            ),
             ("Is this a colour image?", "No, it is a single-channel greyscale image."),
         ),
     ),
@@ -278,8 +328,7 @@ PHOTOS: tuple[Photo, ...] = (
         "page.png",
         "a printed page from an image processing tutorial",
         (
-            "The photo shows part of a printed page with the heading Region-based "
-            "segmentation.",
+            "The photo shows part of a printed page with the heading Region-based segmentation.",
             "A paragraph below the heading explains how to mark the coins and the background "
             "before segmenting them.",
             "A line of Python code at the bottom creates an array of markers with NumPy.",
@@ -288,12 +337,16 @@ PHOTOS: tuple[Photo, ...] = (
         ),
         (
             ("What is the heading of the page?", "The heading reads Region-based segmentation."),
-            ("What is the text about?",
-             "It explains that markers for the coins and the background are taken from the "
-             "two extreme parts of the histogram of grey values."),
-            ("Is there any code on the page?",
-             "Yes, at the bottom there is a line of Python that starts with "
-             "markers = np.zeros_like(coins)."),
+            (
+                "What is the text about?",
+                "It explains that markers for the coins and the background are taken from the "
+                "two extreme parts of the histogram of grey values.",
+            ),
+            (
+                "Is there any code on the page?",
+                "Yes, at the bottom there is a line of Python that starts with "
+                "markers = np.zeros_like(coins).",
+            ),
         ),
     ),
     Photo(
@@ -308,15 +361,21 @@ PHOTOS: tuple[Photo, ...] = (
             "Everything outside the circular field of view is black.",
         ),
         (
-            ("What part of the body is this?",
-             "It is the retina, the light-sensitive layer at the back of the eye, seen in a "
-             "fundus photograph."),
-            ("What is the bright spot on the left?",
-             "That is the optic disc, where the optic nerve and the main blood vessels enter "
-             "the eye."),
-            ("Why is the image round?",
-             "The camera looks through the pupil, so it only sees a circular field; the "
-             "corners outside it are black."),
+            (
+                "What part of the body is this?",
+                "It is the retina, the light-sensitive layer at the back of the eye, seen in a "
+                "fundus photograph.",
+            ),
+            (
+                "What is the bright spot on the left?",
+                "That is the optic disc, where the optic nerve and the main blood vessels enter "
+                "the eye.",
+            ),
+            (
+                "Why is the image round?",
+                "The camera looks through the pupil, so it only sees a circular field; the "
+                "corners outside it are black.",
+            ),
         ),
     ),
     Photo(
@@ -331,13 +390,18 @@ PHOTOS: tuple[Photo, ...] = (
             "This launch photo shows the rocket that carried the DSCOVR satellite in 2015.",
         ),
         (
-            ("What is in the middle of the image?",
-             "A Falcon 9 rocket standing vertically on its launch pad, lit by floodlights."),
-            ("What time of day is it?",
-             "It is around dusk: the sky is dark blue and the pad is lit by artificial "
-             "lights."),
-            ("What are the tall structures around the rocket?",
-             "They are lightning protection towers that draw strikes away from the rocket."),
+            (
+                "What is in the middle of the image?",
+                "A Falcon 9 rocket standing vertically on its launch pad, lit by floodlights.",
+            ),
+            (
+                "What time of day is it?",
+                "It is around dusk: the sky is dark blue and the pad is lit by artificial lights.",
+            ),
+            (
+                "What are the tall structures around the rocket?",
+                "They are lightning protection towers that draw strikes away from the rocket.",
+            ),
         ),
     ),
     Photo(
@@ -345,21 +409,26 @@ PHOTOS: tuple[Photo, ...] = (
         "text.png",
         "handwritten mathematics on a sheet of paper",
         (
-            "The greyscale photo shows handwritten equations on a sheet of paper, seen at a "
-            "slant.",
+            "The greyscale photo shows handwritten equations on a sheet of paper, seen at a slant.",
             "Symbols, fractions and brackets are written in dark ink across several lines.",
             "The paper is lit unevenly, brighter on one side than the other.",
             "Images like this are used to test how well text can be separated from paper.",
         ),
         (
-            ("What is written on the paper?",
-             "Several lines of handwritten mathematics, with brackets, fractions and "
-             "variables in dark ink."),
-            ("Is the page photographed straight on?",
-             "No, it is seen at an angle, so the lines of writing slope across the frame."),
-            ("Could this be read by OCR easily?",
-             "Not easily: the writing is by hand, the page is at an angle and the lighting "
-             "is uneven."),
+            (
+                "What is written on the paper?",
+                "Several lines of handwritten mathematics, with brackets, fractions and "
+                "variables in dark ink.",
+            ),
+            (
+                "Is the page photographed straight on?",
+                "No, it is seen at an angle, so the lines of writing slope across the frame.",
+            ),
+            (
+                "Could this be read by OCR easily?",
+                "Not easily: the writing is by hand, the page is at an angle and the lighting "
+                "is uneven.",
+            ),
         ),
     ),
     Photo(
@@ -369,18 +438,23 @@ PHOTOS: tuple[Photo, ...] = (
         (
             "The microscope image shows one round cell floating in saline solution.",
             "The cell appears as a bright disc on a grainy grey background.",
-            "It was recorded as a quantitative phase image, reconstructed from a digital "
-            "hologram.",
+            "It was recorded as a quantitative phase image, reconstructed from a digital hologram.",
             "Faint ripples in the background come from the optics of the microscope.",
         ),
         (
-            ("What is the bright round object?",
-             "It is a single cell floating in saline, seen under a microscope."),
-            ("How was this image made?",
-             "It is a quantitative phase image reconstructed from a digital hologram, so "
-             "brightness shows how much the cell delays the light."),
-            ("How many cells are in the field of view?",
-             "Just one; the rest of the field is empty saline."),
+            (
+                "What is the bright round object?",
+                "It is a single cell floating in saline, seen under a microscope.",
+            ),
+            (
+                "How was this image made?",
+                "It is a quantitative phase image reconstructed from a digital hologram, so "
+                "brightness shows how much the cell delays the light.",
+            ),
+            (
+                "How many cells are in the field of view?",
+                "Just one; the rest of the field is empty saline.",
+            ),
         ),
     ),
     Photo(
@@ -390,16 +464,19 @@ PHOTOS: tuple[Photo, ...] = (
         (
             "The greyscale photo shows a wall built from long, narrow bricks.",
             "The bricks are laid in offset rows, with pale mortar lines between them.",
-            "The wall is seen at a slight angle, so the rows are not quite parallel to the "
-            "frame.",
+            "The wall is seen at a slight angle, so the rows are not quite parallel to the frame.",
             "Its repeating pattern makes it a common test image for texture analysis.",
         ),
         (
-            ("What surface is shown?",
-             "A brick wall made of long narrow bricks laid in staggered rows."),
-            ("What is the pattern of the bricks?",
-             "They are laid in a running bond: each row is shifted so that its joints do not "
-             "line up with the row below."),
+            (
+                "What surface is shown?",
+                "A brick wall made of long narrow bricks laid in staggered rows.",
+            ),
+            (
+                "What is the pattern of the bricks?",
+                "They are laid in a running bond: each row is shifted so that its joints do not "
+                "line up with the row below.",
+            ),
             ("Is this image in colour?", "No, it is greyscale."),
         ),
     ),
@@ -409,18 +486,20 @@ PHOTOS: tuple[Photo, ...] = (
         "a patch of grass",
         (
             "The greyscale photo is filled edge to edge with short, dry grass.",
-            "Thin blades cross each other in every direction, forming a dense, tangled "
-            "texture.",
+            "Thin blades cross each other in every direction, forming a dense, tangled texture.",
             "There is no sky or horizon, only the grass seen from above.",
         ),
         (
-            ("What does this picture show?",
-             "A close view of grass, with thin blades crossing in all directions and no "
-             "other objects."),
+            (
+                "What does this picture show?",
+                "A close view of grass, with thin blades crossing in all directions and no "
+                "other objects.",
+            ),
             ("Is there anything other than grass?", "No, the grass fills the entire frame."),
-            ("Is the grass lit evenly?",
-             "Mostly, yes; there are small dark gaps between the blades but no large "
-             "shadows."),
+            (
+                "Is the grass lit evenly?",
+                "Mostly, yes; there are small dark gaps between the blades but no large shadows.",
+            ),
         ),
     ),
     Photo(
@@ -428,17 +507,19 @@ PHOTOS: tuple[Photo, ...] = (
         "gravel.png",
         "a bed of gravel",
         (
-            "The greyscale photo shows a surface covered with small, angular pieces of "
-            "gravel.",
+            "The greyscale photo shows a surface covered with small, angular pieces of gravel.",
             "Each stone catches the light on one side and casts a small shadow on the other.",
             "The stones are roughly the same size and fill the frame evenly.",
         ),
         (
-            ("What is on the ground?",
-             "Small angular stones of gravel, packed closely together across the whole "
-             "frame."),
-            ("Are the stones round or sharp?",
-             "Most of them are angular, with flat faces and sharp edges, like crushed rock."),
+            (
+                "What is on the ground?",
+                "Small angular stones of gravel, packed closely together across the whole frame.",
+            ),
+            (
+                "Are the stones round or sharp?",
+                "Most of them are angular, with flat faces and sharp edges, like crushed rock.",
+            ),
             ("Is this a colour photo?", "No, it is greyscale."),
         ),
     ),
@@ -456,8 +537,10 @@ PHOTOS: tuple[Photo, ...] = (
         (
             ("What animal is shown?", "A horse, drawn as a solid black silhouette in side view."),
             ("Which way is the horse facing?", "It faces to the right."),
-            ("Does the image have any colours?",
-             "No, it has only two values: black for the horse and white for the background."),
+            (
+                "Does the image have any colours?",
+                "No, it has only two values: black for the horse and white for the background.",
+            ),
         ),
     ),
     *(
@@ -466,30 +549,43 @@ PHOTOS: tuple[Photo, ...] = (
             f"motorcycle_{side}.png",
             "a red motorcycle parked in a storage room",
             (
-                "A red motorcycle with a black seat and chrome exhaust pipes is parked "
-                "indoors.",
+                "A red motorcycle with a black seat and chrome exhaust pipes is parked indoors.",
                 "Behind it, metal shelves hold cardboard boxes and other stored things.",
                 f"The photo is the {side} view of a stereo pair taken from two slightly "
                 "different positions.",
                 "The floor is plain concrete and the lighting is bright and even.",
             ),
             (
-                ("What colour is the motorcycle?",
-                 "The fuel tank and fenders are bright red, and the seat is black."),
-                ("Where is the motorcycle?",
-                 "It is parked indoors, in a storage room or garage with shelves of boxes "
-                 "behind it."),
-                ("Why would there be two versions of this photo?",
-                 "It belongs to a stereo pair: two cameras a short distance apart took it, "
-                 "so depth can be estimated from the differences between the views."),
+                (
+                    "What colour is the motorcycle?",
+                    "The fuel tank and fenders are bright red, and the seat is black.",
+                ),
+                (
+                    "Where is the motorcycle?",
+                    "It is parked indoors, in a storage room or garage with shelves of boxes "
+                    "behind it.",
+                ),
+                (
+                    "Why would there be two versions of this photo?",
+                    "It belongs to a stereo pair: two cameras a short distance apart took it, "
+                    "so depth can be estimated from the differences between the views.",
+                ),
             ),
         )
         for side in ("left", "right")
     ),
 )
 # Colour photos large enough to pan and zoom over for the video samples.
-VIDEO_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina",
-                "immunohistochemistry", "motorcycle_left")
+VIDEO_PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "hubble_deep_field",
+    "retina",
+    "immunohistochemistry",
+    "motorcycle_left",
+)
 
 
 @cache
@@ -525,9 +621,9 @@ def _available() -> tuple[Photo, ...]:
     return tuple(ok)
 
 
-def _rng(seed: int, index: int, salt: int = 0) -> np.random.Generator:
+def _rng(seed: int, index: int) -> np.random.Generator:
     # Randomness from (seed, sample) identity alone: any order or split gives the same bytes.
-    return np.random.default_rng([seed, index, salt])
+    return np.random.default_rng([seed, index])
 
 
 def _cap(s: str) -> str:
@@ -563,9 +659,13 @@ class _Crop:
         cx, cy = (x0 + x1) / 2 / self.src_w, (y0 + y1) / 2 / self.src_h
         v = ("upper", "middle", "lower")[min(2, int(cy * 3))]
         h = ("left", "centre", "right")[min(2, int(cx * 3))]
-        return {"middle centre": "centre", "middle left": "left side",
-                "middle right": "right side", "upper centre": "top",
-                "lower centre": "bottom"}.get(f"{v} {h}", f"{v} {h} part")
+        return {
+            "middle centre": "centre",
+            "middle left": "left side",
+            "middle right": "right side",
+            "upper centre": "top",
+            "lower centre": "bottom",
+        }.get(f"{v} {h}", f"{v} {h} part")
 
 
 def _random_crop(rng: np.random.Generator, photo: Photo) -> _Crop:
@@ -573,8 +673,9 @@ def _random_crop(rng: np.random.Generator, photo: Photo) -> _Crop:
     src = _pixels(photo)
     sw, sh = src.size
     while True:
-        w, h = (int(round(np.exp(rng.uniform(np.log(MIN_SIDE), np.log(MAX_SIDE)))))
-                for _ in range(2))
+        w, h = (
+            int(round(np.exp(rng.uniform(np.log(MIN_SIDE), np.log(MAX_SIDE))))) for _ in range(2)
+        )
         if max(w, h) / min(w, h) <= MAX_ASPECT:
             break
     aspect = w / h
@@ -626,8 +727,12 @@ def _caption(rng: np.random.Generator, c: _Crop) -> str:
         f"{_cap(p.subject)}.",
         f"This image shows {p.subject}.",
         f"A cropped view of {p.subject}.",
-        # "A photograph of a fundus photograph" would not be English.
-        *(() if "photograph" in p.subject else (f"A photograph of {p.subject}.",)),
+        # Not "a photograph of a fundus photograph" or "of the black silhouette".
+        *(
+            ()
+            if any(w in p.subject for w in ("photograph", "silhouette"))
+            else (f"A photograph of {p.subject}.",)
+        ),
     )
     body = _pick(rng, p.sentences, int(rng.integers(1, 4)))
     parts = [openings[rng.integers(len(openings))], *body, _crop_sentence(rng, c)]
@@ -649,8 +754,10 @@ def _conversation_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) ->
     p = crop.photo
     pairs = list(p.qa) + [
         ("How large is this image?", f"It is {crop.w} pixels wide and {crop.h} pixels tall."),
-        ("Describe the image in a few sentences.",
-         " ".join([f"It shows {p.subject}.", *_pick(rng, p.sentences, 2)])),
+        (
+            "Describe the image in a few sentences.",
+            " ".join([f"It shows {p.subject}.", *_pick(rng, p.sentences, 2)]),
+        ),
     ]
     turns = _pick(rng, pairs, int(rng.integers(1, 3)))
     rng.shuffle(turns)
@@ -717,11 +824,13 @@ def _video_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> dict[s
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
-    txt = " ".join([
-        f"A {dur:g}-second clip at {fps} frames per second that slowly {motion} a photo of "
-        f"{p.subject}.",
-        *_pick(rng, p.sentences, int(rng.integers(1, 3))),
-    ])
+    txt = " ".join(
+        [
+            f"A {dur:g}-second clip at {fps} frames per second that slowly {motion} a photo of "
+            f"{p.subject}.",
+            *_pick(rng, p.sentences, int(rng.integers(1, 3))),
+        ]
+    )
     return {"mp4": buf.getvalue(), "txt": txt}
 
 
@@ -791,8 +900,12 @@ def default_demo_dir() -> Path:
 
 
 def _params(num_samples: int, seed: int, videos: int, samples_per_shard: int) -> dict[str, int]:
-    return {"num_samples": num_samples, "seed": seed, "videos": videos,
-            "samples_per_shard": samples_per_shard}
+    return {
+        "num_samples": num_samples,
+        "seed": seed,
+        "videos": videos,
+        "samples_per_shard": samples_per_shard,
+    }
 
 
 def _from_manifest(out: Path, params: dict[str, int]) -> DemoDataset | None:
@@ -802,13 +915,21 @@ def _from_manifest(out: Path, params: dict[str, int]) -> DemoDataset | None:
         if man.get("version") != DEMO_VERSION or man.get("params") != params:
             return None
         shards = [out / s["name"] for s in man["shards"]]
-        if any(not p.is_file() or p.stat().st_size != s["size"]
-               for p, s in zip(shards, man["shards"], strict=True)):
+        if any(
+            not p.is_file() or p.stat().st_size != s["size"]
+            for p, s in zip(shards, man["shards"], strict=True)
+        ):
             return None
         return DemoDataset(
-            root=out, shards=shards, num_samples=man["num_samples"], counts=man["counts"],
-            num_images=man["num_images"], total_bytes=man["total_bytes"], seed=params["seed"],
-            built=False, build_seconds=man["build_seconds"],
+            root=out,
+            shards=shards,
+            num_samples=man["num_samples"],
+            counts=man["counts"],
+            num_images=man["num_images"],
+            total_bytes=man["total_bytes"],
+            seed=params["seed"],
+            built=False,
+            build_seconds=man["build_seconds"],
             sha256={s["name"]: s["sha256"] for s in man["shards"]},
         )
     except (OSError, ValueError, KeyError, TypeError):
@@ -839,8 +960,12 @@ def build_demo_dataset(
         return found
     t0 = time.perf_counter()
     if workers is None:
-        workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1)
+        workers = min(
+            4,
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1,
+        )
     out.mkdir(parents=True, exist_ok=True)
     old = _old_shards(out)
     (out / MANIFEST).unlink(missing_ok=True)
@@ -849,6 +974,7 @@ def build_demo_dataset(
     num_images = 0
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
     try:
+
         def counted() -> Iterator[dict[str, Any]]:
             nonlocal num_images
             for s in _samples(kinds, seed, workers):
@@ -861,29 +987,44 @@ def build_demo_dataset(
             final = out / p.name
             os.replace(p, final)
             shards.append(final)
-            entries.append({"name": p.name, "size": final.stat().st_size,
-                            "sha256": _sha256(final)})
+            entries.append({"name": p.name, "size": final.stat().st_size, "sha256": _sha256(final)})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for p in old - {p.name for p in shards}:
         (out / p).unlink(missing_ok=True)
     ds = DemoDataset(
-        root=out, shards=shards, num_samples=len(kinds), counts=counts, num_images=num_images,
-        total_bytes=sum(e["size"] for e in entries), seed=seed, built=True,
+        root=out,
+        shards=shards,
+        num_samples=len(kinds),
+        counts=counts,
+        num_images=num_images,
+        total_bytes=sum(e["size"] for e in entries),
+        seed=seed,
+        built=True,
         build_seconds=round(time.perf_counter() - t0, 2),
         sha256={e["name"]: e["sha256"] for e in entries},
     )
     manifest = {
-        "format": "zephon-demo-vlm", "version": DEMO_VERSION, "params": params,
-        "shards": entries, "num_samples": ds.num_samples, "counts": counts,
-        "num_images": num_images, "total_bytes": ds.total_bytes,
+        "format": "zephon-demo-vlm",
+        "version": DEMO_VERSION,
+        "params": params,
+        "shards": entries,
+        "num_samples": ds.num_samples,
+        "counts": counts,
+        "num_images": num_images,
+        "total_bytes": ds.total_bytes,
         "build_seconds": ds.build_seconds,
     }
     tmp_man = out / f"{MANIFEST}.tmp-{os.getpid()}"
     tmp_man.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp_man, out / MANIFEST)
-    log.info("built demo dataset in %s: %d samples, %.1f MB, %.1f s", out, ds.num_samples,
-             ds.total_bytes / 1e6, ds.build_seconds)
+    log.info(
+        "built demo dataset in %s: %d samples, %.1f MB, %.1f s",
+        out,
+        ds.num_samples,
+        ds.total_bytes / 1e6,
+        ds.build_seconds,
+    )
     return ds
 
 

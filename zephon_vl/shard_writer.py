@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CAPTION_EXTS = {".txt": "txt", ".json": "json"}
 _PARTIAL = ".partial"
-_MTIME = 0.0  # fixed member mtime: reproducible bytes
+_MTIME = 0  # fixed member mtime: reproducible bytes (an int: a float adds a pax header per member)
 
 
 def _checked(samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -99,8 +99,9 @@ def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
             orphans += 1
             continue
         if len(images) > 1:
-            log.warning("%s: several images share this name (%s); using %s", stem, images,
-                        images[0])
+            log.warning(
+                "%s: several images share this name (%s); using %s", stem, images, images[0]
+            )
         rel = stem.relative_to(folder).as_posix()
         # WebDataset keys end at the first dot of the basename.
         head, _, base = rel.rpartition("/")

@@ -75,8 +75,7 @@ class ShardIndex:
             "size": self.size,
             "mtime_ns": self.mtime_ns,
             "samples": [
-                [k, [list(m) for m in ms]]
-                for k, ms in zip(self.keys, self.members, strict=True)
+                [k, [list(m) for m in ms]] for k, ms in zip(self.keys, self.members, strict=True)
             ],
             "bad": [[i, r, d] for i, (r, d) in sorted(self.bad.items())],
         }
@@ -175,7 +174,8 @@ def scan_shard(path: str | Path) -> ShardIndex:
                 "the last sample may be incomplete",
             )
         if bad:
-            log.warning("%s: %d unreadable sample(s): %s", path, len(bad), sorted(bad.values()))
+            first = [f"{keys[i]}: {r}" for i, (r, _) in sorted(bad.items())[:3]]
+            log.warning("%s: %d unreadable sample(s), e.g. %s", path, len(bad), first)
 
     return ShardIndex(
         name=name,
