@@ -19,8 +19,9 @@ from .runners import RUNNERS, Runner, make_runner
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
 
-    `runner` is the default for every transform; `runners` and `workers`
-    override it per operator name. Consecutive transforms with the same runner
+    `runner` is the default for every transform (``auto``: each operator's own
+    preference, e.g. threads for reads and processes for decode and
+    tokenize); `runners` and `workers` override it per operator name. Consecutive transforms with the same runner
     and worker count are fused into one stage (one worker call per group).
     """
 
@@ -36,13 +37,15 @@ class Execution:
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
-            if kind not in RUNNERS:
+            if kind not in (*RUNNERS, "auto"):
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
         if self.group_size < 1 or self.prefetch < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
 
     def runner_for(self, t: Transform) -> tuple[str, int]:
         kind = self.runners.get(t.name, self.runner)
+        if kind == "auto":
+            kind = t.default_runner or "inline"
         workers = self.workers.get(t.name, self.default_workers)
         return kind, (1 if kind == "inline" else workers)
 

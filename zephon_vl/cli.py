@@ -23,7 +23,9 @@ def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentPar
 
 def add_execution_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("execution (never changes the data)")
-    g.add_argument("--runner", choices=["inline", "threads", "processes"], default="processes")
+    g.add_argument("--runner", choices=["auto", "inline", "threads", "processes"],
+                   default="auto", help="default runner of every operator (auto: each "
+                   "operator's own: threads for reads, processes for decode and tokenize)")
     g.add_argument("--workers", action="append", default=[], metavar="OP=N",
                    help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
     g.add_argument("--default-workers", type=int, default=1)

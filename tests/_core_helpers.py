@@ -1,0 +1,240 @@
+"""Shared helpers of the zephon_core tests.
+
+The functions given to `Map`/`Filter` live here, at module level, so that
+process workers (spawn start method) can import them. The builders below turn
+a small, hashable `Spec` into a `Recipe` over synthetic in-memory documents,
+so the tests need no tokenizer and no files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_core.checkpoint import merge_states
+from zephon_core.digest import batch_digest
+from zephon_core.errors import BadSampleError
+from zephon_core.loader import Loader
+from zephon_core.operators import Filter, Map
+from zephon_core.packing import Pack
+from zephon_core.pipeline import Execution, Plan
+from zephon_core.readers import InMemoryReader
+from zephon_core.recipe import Recipe
+from zephon_core.shuffle import Shuffle
+from zephon_core.sources import Dataset, ShuffleSettings
+from zephon_core.text_ops import Read
+
+VOCAB = 30011
+
+
+# --- functions run by workers (must be importable, module level) -----------------
+def to_tokens(payload: dict) -> dict:
+    """A synthetic "tokenizer": the document's tokens are a function of its id and length."""
+    if payload.get("bad"):
+        raise BadSampleError("corrupt_doc", f"doc {payload['id']}", "synthetic bad sample")
+    n = int(payload["n"])
+    toks = (np.arange(n, dtype=np.int64) * 7 + int(payload["id"]) * 13 + 1) % VOCAB
+    return {"id": int(payload["id"]), "tokens": toks.astype(np.int32)}
+
+
+def keep(payload: dict) -> bool:
+    """Filter predicate: drops about one document in five."""
+    return int(payload["id"]) % 5 != 3
+
+
+def fail_on_id_7(payload: dict) -> dict:
+    """A buggy map (not a BadSampleError): raises on the document with id 7."""
+    if int(payload["id"]) == 7:
+        raise ValueError("synthetic bug on doc 7")
+    return to_tokens(payload)
+
+
+def crash_once(payload: dict, marker_dir: str, crash_ids: tuple[int, ...]) -> dict:
+    """Kill the worker process the first time it sees one of `crash_ids`.
+
+    A marker file under `marker_dir` remembers the first sighting, so the
+    group re-run on a fresh worker goes through.
+    """
+    doc = int(payload["id"])
+    if doc in crash_ids:
+        marker = Path(marker_dir) / f"seen-{doc}"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os._exit(1)
+    return to_tokens(payload)
+
+
+# --- synthetic data -------------------------------------------------------------
+@dataclass(frozen=True)
+class DataSpec:
+    shard_sizes: tuple[int, ...]
+    max_len: int = 40
+    data_seed: int = 0
+    weight: float = 1.0
+    bad_every: int = 0  # every k-th document (by id) raises BadSampleError; 0: none
+
+
+def make_shards(ds: DataSpec, dataset: int) -> list[list[dict]]:
+    rng = np.random.default_rng([ds.data_seed, dataset])
+    shards = []
+    for s, size in enumerate(ds.shard_sizes):
+        docs = []
+        for i in range(size):
+            doc_id = dataset * 100_000 + s * 1000 + i
+            doc = {"id": doc_id, "n": int(rng.integers(0, ds.max_len + 1))}
+            if ds.bad_every and doc_id % ds.bad_every == 1:
+                doc["bad"] = True
+            docs.append(doc)
+        shards.append(docs)
+    return shards
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything that decides the data of a test recipe."""
+
+    datasets: tuple[DataSpec, ...] = (DataSpec((12, 7, 20)),)
+    num_lanes: int = 4
+    rows_per_lane: int = 2
+    seed: int = 0
+    epochs: int | None = None
+    shuffle_shards: bool = True
+    shuffle_within: bool = True
+    block_size: int = 8
+    shuffle_pos: str | None = "pointers"  # None | "pointers" (before Read) | "payloads"
+    shuffle_buffer: int = 8
+    use_filter: bool = True
+    seq_len: int = 32
+    mode: str = "best_fit"
+    max_open_bins: int = 4
+    overlong: str = "split"
+    on_error: str = "raise"
+    map_fn: Any = None  # default: to_tokens
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.num_lanes * self.rows_per_lane
+
+    def but(self, **changes: Any) -> Spec:
+        return replace(self, **changes)
+
+
+def build_recipe(spec: Spec) -> Recipe:
+    readers = [InMemoryReader(make_shards(d, j), name=f"ds{j}")
+               for j, d in enumerate(spec.datasets)]
+    ops: list[Any] = []
+    if spec.shuffle_pos == "pointers":
+        ops.append(Shuffle(spec.shuffle_buffer))
+    ops.append(Read(readers))
+    ops.append(Map(spec.map_fn or to_tokens, name="tokens", on_error=spec.on_error))
+    if spec.shuffle_pos == "payloads":
+        ops.append(Shuffle(spec.shuffle_buffer))
+    if spec.use_filter:
+        ops.append(Filter(keep, name="keep"))
+    ops.append(Pack(spec.seq_len, mode=spec.mode, max_open_bins=spec.max_open_bins,
+                    overlong=spec.overlong))
+    return Recipe(
+        datasets=[Dataset(f"ds{j}", r, d.weight)
+                  for j, (r, d) in enumerate(zip(readers, spec.datasets, strict=True))],
+        ops=ops,
+        global_batch_size=spec.global_batch_size,
+        num_lanes=spec.num_lanes,
+        seed=spec.seed,
+        epochs=spec.epochs,
+        shuffle=ShuffleSettings(spec.shuffle_shards, spec.shuffle_within, spec.block_size),
+    )
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# --- simulated ranks ------------------------------------------------------------
+class World:
+    """D loaders of one recipe in one process: rank d of D, global batch = ranks in order."""
+
+    def __init__(self, spec: Spec, D: int, execution: Execution | None = None,
+                 shared_runners: bool = False, state: dict | None = None) -> None:
+        self.spec = spec
+        self.recipe = build_recipe(spec)
+        self.execution = execution or Execution()
+        self.runners = (Plan(self.recipe.ops, self.execution).make_runners()
+                        if shared_runners else None)
+        self.loaders: list[Loader] = []
+        try:
+            for d in range(D):
+                self.loaders.append(Loader(self.recipe, d, D, self.execution,
+                                           runners=self.runners))
+            if state is not None:
+                for loader in self.loaders:
+                    loader.load_state_dict(state)
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self) -> list | None:
+        """The global batch's rows, or None when a rank ran out of data."""
+        parts = [loader.next_rows() for loader in self.loaders]
+        if any(p is None for p in parts):
+            return None
+        return [row for p in parts for row in p]
+
+    def digest(self, rows: list) -> str:
+        return batch_digest(self.recipe.collate(rows))
+
+    def digests(self, steps: int) -> list[str]:
+        out = []
+        for _ in range(steps):
+            rows = self.step()
+            if rows is None:
+                break
+            out.append(self.digest(rows))
+        return out
+
+    def state(self) -> dict:
+        """The merged global state, JSON round-tripped (checkpoints are data)."""
+        merged = merge_states([loader.local_state_dict() for loader in self.loaders])
+        return json.loads(json.dumps(merged))
+
+    def close(self) -> None:
+        for loader in self.loaders:
+            loader.close()
+        if self.runners is not None:
+            for r in self.runners.values():
+                r.close()
+            self.runners = None
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def run_digests(spec: Spec, D: int = 1, execution: Execution | None = None, steps: int = 6,
+                shared_runners: bool = False) -> list[str]:
+    with World(spec, D, execution, shared_runners) as w:
+        return w.digests(steps)
+
+
+_REFERENCE: dict[tuple[Spec, int], list[str]] = {}
+
+
+def reference_digests(spec: Spec, steps: int) -> list[str]:
+    """The reference run: one rank, inline runner, default execution (memoized)."""
+    key = (spec, steps)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = run_digests(spec, 1, Execution(), steps)
+    return _REFERENCE[key]
+
+
+def shm_leftovers() -> list[str]:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return []
+    return sorted(p.name for p in shm.glob("zephon-*"))

@@ -1,0 +1,32 @@
+"""Fixtures shared by the zephon_core tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHM = Path("/dev/shm")
+
+
+def zephon_shm_files() -> set[str]:
+    """zephon shared-memory files made by this process or its workers.
+
+    Every segment of a process pool is named ``zephon-<driver pid>-...`` (workers
+    use their driver's prefix), so other jobs on the machine are never counted.
+    """
+    if not SHM.is_dir():
+        return set()
+    return {p.name for p in SHM.glob(f"zephon-{os.getpid()}-*")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_zephon_shm():
+    """After each test: no shared-memory segment of ours is left in /dev/shm."""
+    before = zephon_shm_files()
+    yield
+    leaked = sorted(zephon_shm_files() - before)
+    for name in leaked:  # do not let one leak fail every later test too
+        (SHM / name).unlink(missing_ok=True)
+    assert not leaked, f"leaked zephon shared-memory files in /dev/shm: {leaked[:10]}"
