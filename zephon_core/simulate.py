@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .checkpoint import merge_states
 from .digest import batch_digest
 from .loader import Loader
+from .packing import Row
 from .pipeline import Execution, Plan
 from .recipe import Recipe
 from .runners import Runner
@@ -38,6 +39,25 @@ class StepRecord:
                 "drops": self.drops, "seconds": round(self.seconds, 4)}
 
 
+@dataclass
+class GlobalStep:
+    batch: dict
+    rows: list[Row]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+    @property
+    def drops(self) -> int:
+        return sum(len(r.drops) for r in self.rows)
+
+    @property
+    def documents(self) -> int:
+        """Documents that start in this batch (a split document counts once)."""
+        return sum(1 for r in self.rows for s in r.segments if s.start == 0)
+
+
 class SimulatedRanks:
     """`D` loaders sharing one set of runners (one process pool per stage, not one per rank)."""
 
@@ -48,17 +68,15 @@ class SimulatedRanks:
         self.loaders = [Loader(recipe, d, dp, execution, runners=runners, gather=False)
                         for d in range(dp)]
 
-    def global_step(self) -> tuple[dict, int, int] | None:
-        """The global batch (collated from all ranks' rows in rank order), tokens, drops."""
+    def global_step(self) -> GlobalStep | None:
+        """The global batch, collated from all ranks' rows in rank order."""
         rows = []
         for loader in self.loaders:
             local = loader.next_rows()
             if local is None:
                 return None
             rows += local
-        tokens = sum(r.num_tokens for r in rows)
-        drops = sum(len(r.drops) for r in rows)
-        return self.recipe.collate(rows), tokens, drops
+        return GlobalStep(self.recipe.collate(rows), rows)
 
     def state_json(self) -> str:
         return json.dumps(merge_states([ld.local_state_dict() for ld in self.loaders]),
@@ -108,6 +126,5 @@ def _steps(sim: SimulatedRanks, start: int, stop: int, phase: str) -> Iterator[S
         out = sim.global_step()
         if out is None:
             return
-        batch, tokens, drops = out
-        yield StepRecord(t, batch_digest(batch), sim.dp, phase, sim.recipe.global_batch_size,
-                         tokens, tokens / capacity, drops, time.perf_counter() - t0)
+        yield StepRecord(t, batch_digest(out.batch), sim.dp, phase, sim.recipe.global_batch_size,
+                         out.tokens, out.tokens / capacity, out.drops, time.perf_counter() - t0)

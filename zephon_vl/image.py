@@ -24,7 +24,6 @@ and uint8 rows are 4x smaller to move between processes.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import io
 import math
 import warnings
@@ -68,14 +67,12 @@ _RESAMPLE = {
 
 @functools.cache
 def pillow_backend() -> str:
-    """``"pillow-simd"`` if the installed PIL is the SIMD fork, else ``"pillow"``."""
-    for dist in ("pillow-simd", "Pillow-SIMD"):
-        try:
-            importlib.metadata.version(dist)
-            return "pillow-simd"
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    # pillow-simd tags its releases "X.Y.Z.postN"; Pillow never does.
+    """``"pillow-simd"`` if the PIL that is imported is the SIMD fork, else ``"pillow"``.
+
+    The imported module decides, not package metadata: both distributions may
+    be registered while only one owns the files (see scripts/setup.sh).
+    pillow-simd tags its releases "X.Y.Z.postN"; Pillow never does.
+    """
     return "pillow-simd" if ".post" in Image.__version__ else "pillow"
 
 

@@ -72,7 +72,7 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
     from .demo_data import build_demo_dataset
 
     demo = build_demo_dataset(num_samples=num_samples)
-    image = overrides.pop("image", ImageSettings(max_pixels=512 * 28 * 28))
+    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
     return vlm_recipe([str(s) for s in demo.shards], qwen_tokenizer_dir(), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, name="vlm-demo", **overrides)

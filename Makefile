@@ -1,0 +1,14 @@
+# The two commands of the README. Each one installs what it needs first.
+.PHONY: setup demo test lint
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	zephon-vl demo
+
+test: setup
+	python3 -m pytest -q -p no:cacheprovider
+
+lint:
+	ruff check zephon_core zephon_vl benchmarks tests
