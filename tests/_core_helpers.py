@@ -4,6 +4,10 @@ The functions given to `Map`/`Filter` live here, at module level, so that
 process workers (spawn start method) can import them. The builders below turn
 a small, hashable `Spec` into a `Recipe` over synthetic in-memory documents,
 so the tests need no tokenizer and no files.
+
+Process workers import this module to unpickle the functions, so it imports
+only numpy and `zephon_core.errors` at the top: importing torch in every
+spawned worker would cost seconds.
 """
 
 from __future__ import annotations
@@ -12,22 +16,16 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon_core.checkpoint import merge_states
-from zephon_core.digest import batch_digest
 from zephon_core.errors import BadSampleError
-from zephon_core.loader import Loader
-from zephon_core.operators import Filter, Map
-from zephon_core.packing import Pack
-from zephon_core.pipeline import Execution, Plan
-from zephon_core.readers import InMemoryReader
-from zephon_core.recipe import Recipe
-from zephon_core.shuffle import Shuffle
-from zephon_core.sources import Dataset, ShuffleSettings
-from zephon_core.text_ops import Read
+
+if TYPE_CHECKING:  # the heavy modules (torch) are imported lazily: workers import this file
+    from zephon_core.loader import Loader
+    from zephon_core.pipeline import Execution
+    from zephon_core.recipe import Recipe
 
 VOCAB = 30011
 
@@ -125,6 +123,14 @@ class Spec:
 
 
 def build_recipe(spec: Spec) -> Recipe:
+    from zephon_core.operators import Filter, Map
+    from zephon_core.packing import Pack
+    from zephon_core.readers import InMemoryReader
+    from zephon_core.recipe import Recipe
+    from zephon_core.shuffle import Shuffle
+    from zephon_core.sources import Dataset, ShuffleSettings
+    from zephon_core.text_ops import Read
+
     readers = [InMemoryReader(make_shards(d, j), name=f"ds{j}")
                for j, d in enumerate(spec.datasets)]
     ops: list[Any] = []
@@ -160,6 +166,9 @@ class World:
 
     def __init__(self, spec: Spec, D: int, execution: Execution | None = None,
                  shared_runners: bool = False, state: dict | None = None) -> None:
+        from zephon_core.loader import Loader
+        from zephon_core.pipeline import Execution, Plan
+
         self.spec = spec
         self.recipe = build_recipe(spec)
         self.execution = execution or Execution()
@@ -185,6 +194,8 @@ class World:
         return [row for p in parts for row in p]
 
     def digest(self, rows: list) -> str:
+        from zephon_core.digest import batch_digest
+
         return batch_digest(self.recipe.collate(rows))
 
     def digests(self, steps: int) -> list[str]:
@@ -198,6 +209,8 @@ class World:
 
     def state(self) -> dict:
         """The merged global state, JSON round-tripped (checkpoints are data)."""
+        from zephon_core.checkpoint import merge_states
+
         merged = merge_states([loader.local_state_dict() for loader in self.loaders])
         return json.loads(json.dumps(merged))
 
@@ -227,6 +240,8 @@ _REFERENCE: dict[tuple[Spec, int], list[str]] = {}
 
 def reference_digests(spec: Spec, steps: int) -> list[str]:
     """The reference run: one rank, inline runner, default execution (memoized)."""
+    from zephon_core.pipeline import Execution
+
     key = (spec, steps)
     if key not in _REFERENCE:
         _REFERENCE[key] = run_digests(spec, 1, Execution(), steps)

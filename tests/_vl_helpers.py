@@ -153,7 +153,7 @@ def leftovers(loader: Loader) -> tuple[list[Row], list[tuple[Origin, str]]]:
 class Epoch:
     """Everything one rank produced over a finite run: delivered steps, then the remainder."""
 
-    digests_rows: list[list[Row]]  # delivered local batches (rows)
+    step_rows: list[list[Row]]  # delivered local batches (rows)
     metas: list[StepMeta]
     end_of_data: list[tuple[int, int]]
     left_rows: list[Row]
@@ -190,16 +190,54 @@ def run_epoch(loader: Loader, max_steps: int = 1000) -> Epoch:
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
 
 
-def expected_vision(sample: dict) -> list[tuple[np.ndarray, bool]]:
-    """(normalized float32 patch rows, is_video) of each vision input of a raw sample, in order."""
+def expected_vision(sample: dict) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+    """(normalized float32 patch rows, grid_thw, is_video) of each vision input, in order.
+
+    Decoded here with `process_image` / `process_video` directly, independently
+    of the pipeline's operators, row grouping and collation.
+    """
     if "mp4" in sample:
         vp = process_video(sample["mp4"], IMAGE, VIDEO)
-        return [(normalize_patches(vp.pixel_values, IMAGE), True)]
+        return [(normalize_patches(vp.pixel_values, IMAGE), vp.grid_thw, True)]
     indexed = sorted((int(m.group(1)), k) for k in sample if (m := _INDEXED.match(k)))
     keys = [k for _, k in indexed] or [next(e for e in ("jpg", "jpeg", "png", "webp")
                                             if e in sample)]
-    return [(normalize_patches(process_image(sample[k], IMAGE).pixel_values, IMAGE), False)
-            for k in keys]
+    out = []
+    for k in keys:
+        vp = process_image(sample[k], IMAGE)
+        out.append((normalize_patches(vp.pixel_values, IMAGE), vp.grid_thw, False))
+    return out
+
+
+def sample_kind(sample: dict) -> str:
+    """caption, conversation, interleaved or video (the demo data's four kinds)."""
+    if "mp4" in sample:
+        return "video"
+    if any(_INDEXED.match(k) for k in sample):
+        return "interleaved"
+    if "json" in sample and "conversations" in json.loads(sample["json"]):
+        return "conversation"
+    return "caption"
+
+
+_SAMPLES: dict[str, dict[str, list[dict]]] = {}
+
+
+def demo_samples_by_kind(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """The raw samples of the demo data (member bytes, without __key__/__shard__) by kind."""
+    if "by_kind" not in _SAMPLES:
+        from zephon_vl.wds_index import WebDatasetReader
+
+        reader = WebDatasetReader(demo_shards(tmp_path_factory))
+        by_kind: dict[str, list[dict]] = {}
+        for s in range(reader.num_shards):
+            for i in range(reader.shard_len(s)):
+                raw = reader.read(s, i)
+                sample = {k: v for k, v in raw.items() if not k.startswith("__")}
+                by_kind.setdefault(sample_kind(sample), []).append(sample)
+        reader.close()
+        _SAMPLES["by_kind"] = by_kind
+    return _SAMPLES["by_kind"]
 
 
 # --- crafted bad input ---------------------------------------------------------------

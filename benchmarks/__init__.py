@@ -1,0 +1,5 @@
+"""Throughput harness: zephon-vl against Google Grain, torch DataLoader and the raw limit.
+
+Run it with ``zephon-vl bench`` (or ``python -m benchmarks.vlm_bench``); see
+docs/benchmarks.md for what is measured and how.
+"""

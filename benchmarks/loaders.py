@@ -1,0 +1,265 @@
+"""One configuration of one loader, run to the end of the data (runs in its own process).
+
+Every runner builds the same :class:`~benchmarks.workload.Work`, starts the
+clock when the loader is constructed (so time to first batch includes worker
+start-up), and records for every batch of ``batch_rows`` rows the time, the
+samples, tokens and images in it. Rows left after the last full batch are
+drained and counted (so every loader accounts for every sample), but they are
+not part of the steady state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from typing import Any
+
+from zephon_core.packing import Row
+from zephon_core.records import Dropped, Origin, Pointer
+
+from .workload import RowBatcher, Tally, Work, WorkSpec, sample_checksum, stand_in
+
+now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.t_start = now()
+        self.t_first: float | None = None
+        self.events: list[list[float]] = []
+        self.tally = Tally()
+        self.t_end: float | None = None
+        self.extra: dict[str, Any] = {}
+
+    def batch(self, rows: list[Row]) -> None:
+        s, t, im = self.tally.add_rows(rows)
+        ts = now()
+        if self.t_first is None:
+            self.t_first = ts
+        self.events.append([ts, s, t, im])
+
+    def tail(self, rows: list[Row], dropped: int) -> None:
+        s, t, im = self.tally.add_rows(rows)
+        self.tally.dropped += dropped
+        self.t_end = now()
+        self.extra["tail"] = {"rows": len(rows), "samples": s, "tokens": t}
+
+    def to_json(self) -> dict:
+        return {"t_start": self.t_start, "t_first": self.t_first, "t_end": self.t_end,
+                "events": self.events, "tally": self.tally.to_json(), "extra": self.extra}
+
+
+# --- zephon ------------------------------------------------------------------
+
+def _drain_zephon(loader: Any) -> tuple[list[Row], int]:
+    """After `next_rows()` said end of data: finish every lane and take its last rows."""
+    runs = loader._runs  # the harness needs every sample; the loader stops at a short step
+    for run in runs:
+        run.want_rows = 1 << 60
+    while not all(run.finished for run in runs):
+        progressed = False
+        for run in runs:
+            progressed |= run.pump()
+        if not progressed:
+            heads = [f for run in runs for f in run.head_futures()]
+            if not heads:
+                raise RuntimeError("zephon lanes stalled while draining")
+            wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+    rows = [row for run in runs for row, _ in run.rows]
+    dropped = sum(sum(run.dropped.values()) for run in runs)
+    return rows, dropped
+
+
+def run_zephon(spec: WorkSpec, params: dict) -> Trace:
+    from zephon_core.loader import Loader
+    from zephon_core.pipeline import Execution
+
+    recipe = spec.recipe()
+    ex = Execution(runner=params.get("runner", "auto"), workers=dict(params.get("workers", {})),
+                   default_workers=params.get("default_workers", 1),
+                   group_size=params.get("group_size", 8), prefetch=params.get("prefetch", 4),
+                   prefetch_steps=params.get("prefetch_steps", 1))
+    trace = Trace()
+    loader = Loader(recipe, 0, 1, ex)
+    try:
+        trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
+                               for s in loader.plan.stages if s.kind == "transform"]
+        while (rows := loader.next_rows()) is not None:
+            trace.batch(rows)
+        rest, dropped = _drain_zephon(loader)
+        trace.tail(rest, dropped)
+    finally:
+        loader.close()
+    return trace
+
+
+# --- Grain -------------------------------------------------------------------
+
+class GrainWork:
+    """Grain map function: pointer -> (origin, document), zephon's fused operators inside."""
+
+    def __init__(self, work: Work) -> None:
+        self.work = work
+
+    def __call__(self, item: tuple[int, Pointer]) -> tuple[Origin, Any]:
+        seq, p = item
+        return self.work.process(seq, p)
+
+
+def run_grain(spec: WorkSpec, params: dict) -> Trace:
+    import grain
+
+    work = Work.build(spec)
+    batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
+    trace = Trace()
+    ds = grain.MapDataset.source(list(enumerate(work.pointers))).map(GrainWork(work))
+    ids = ds.to_iter_dataset(grain.ReadOptions(num_threads=params.get("threads", 1),
+                                               prefetch_buffer_size=params.get("buffer", 16)))
+    if params.get("workers", 0) > 0:
+        ids = ids.mp_prefetch(grain.MultiprocessingOptions(
+            num_workers=params["workers"],
+            per_worker_buffer_size=params.get("per_worker_buffer", 1)))
+    it = iter(ids)
+    try:
+        for origin, doc in it:
+            for rows in batcher.push(origin, doc):
+                trace.batch(rows)
+        trace.tail(batcher.finish(), batcher.dropped)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    return trace
+
+
+# --- torch DataLoader -----------------------------------------------------------
+
+class TorchWork:
+    """A map-style torch Dataset over the same work; pixel rows travel as torch tensors."""
+
+    def __init__(self, work: Work) -> None:
+        self.work = work
+
+    def __len__(self) -> int:
+        return len(self.work.pointers)
+
+    def __getitem__(self, i: int) -> tuple[Origin, Any]:
+        import torch
+
+        origin, doc = self.work.process(i, self.work.pointers[i])
+        if not isinstance(doc, Dropped):
+            # torch moves tensors (not numpy arrays) between processes through shared memory
+            doc = {**doc, "pixel_values": [torch.from_numpy(p) for p in doc["pixel_values"]]}
+        return origin, doc
+
+
+def _list_collate(items: list) -> list:
+    return items
+
+
+def run_torch(spec: WorkSpec, params: dict) -> Trace:
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    work = Work.build(spec)
+    batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
+    trace = Trace()
+    workers = params.get("workers", 0)
+    kwargs: dict[str, Any] = {}
+    if workers > 0:
+        kwargs["prefetch_factor"] = params.get("prefetch_factor", 2)
+        if params.get("start_method"):
+            kwargs["multiprocessing_context"] = params["start_method"]
+    dl = DataLoader(TorchWork(work), batch_size=params.get("batch_size", 8), shuffle=False,
+                    num_workers=workers, collate_fn=_list_collate, **kwargs)
+    for items in dl:
+        for origin, doc in items:
+            if not isinstance(doc, Dropped):
+                doc = {**doc, "pixel_values": [p.numpy() for p in doc["pixel_values"]]}
+            for rows in batcher.push(origin, doc):
+                trace.batch(rows)
+    trace.tail(batcher.finish(), batcher.dropped)
+    return trace
+
+
+# --- the raw limit --------------------------------------------------------------
+
+def _limit_worker(work: Work, share: list[tuple[int, Pointer]], start: Any, out: Any) -> None:
+    work.fn.setup()  # load the tokenizer before the clock starts, as every loader's worker does
+    start.wait()
+    done = []
+    for seq, p in share:
+        origin, doc = work.process(seq, p)
+        if isinstance(doc, Dropped):
+            done.append((now(), seq, None))
+        else:
+            done.append((now(), seq, stand_in(doc)))
+    out.put(done)
+
+
+def run_limit(spec: WorkSpec, params: dict) -> Trace:
+    """The same per-sample work in a tight loop in N processes: no loader, no transfer."""
+    work = Work.build(spec)
+    procs_n = params.get("processes", os.cpu_count() or 1)
+    ctx = mp.get_context("fork")
+    start = ctx.Event()
+    out = ctx.Queue()
+    items = list(enumerate(work.pointers))
+    procs = [ctx.Process(target=_limit_worker, args=(work, items[i::procs_n], start, out),
+                         daemon=True) for i in range(procs_n)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    ready_wait = now()
+    # give every worker the time to load its tokenizer: wait until they are idle
+    _wait_idle([p.pid for p in procs], deadline=ready_wait + 60)
+    trace = Trace()
+    start.set()
+    done = []
+    for _ in procs:
+        done += out.get(timeout=600)
+    trace.t_end = max(t for t, _, _ in done)
+    for p in procs:
+        p.join(timeout=10)
+    done.sort(key=lambda x: x[0])
+    # replay the packer on the stand-ins: same drops and rows as a loader would give
+    batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
+    pointers = work.pointers
+    for t, seq, doc in done:
+        p = pointers[seq]
+        origin = Origin(seq, p.dataset, p.shard, p.index, 0)
+        batcher.push(origin, Dropped("x") if doc is None else doc)
+        if doc is not None:
+            s = sample_checksum(p.shard, p.index, len(doc["tokens"]))
+            trace.tally.checksum = (trace.tally.checksum + s) % (1 << 64)
+            trace.tally.samples += 1
+            trace.tally.tokens += len(doc["tokens"])
+            trace.tally.images += int(doc["costs"].get("images", 0))
+            trace.events.append([t, 1, len(doc["tokens"]), int(doc["costs"].get("images", 0))])
+    rest = batcher.finish()
+    trace.tally.dropped = batcher.dropped
+    trace.tally.rows = len(rest) + 0  # rows are not part of the limit's work; counted for info
+    trace.t_first = trace.events[0][0] if trace.events else None
+    trace.extra["processes"] = procs_n
+    trace.extra["per_sample_events"] = True
+    return trace
+
+
+def _wait_idle(pids: list[int], deadline: float) -> None:
+    """Wait until every process has used (almost) no CPU for 0.3 s: set-up is over."""
+    import psutil
+
+    ps = [psutil.Process(p) for p in pids]
+    last = [sum(p.cpu_times()[:2]) for p in ps]
+    while now() < deadline:
+        time.sleep(0.3)
+        cur = [sum(p.cpu_times()[:2]) for p in ps]
+        if all(c - lst < 0.03 for c, lst in zip(cur, last, strict=True)):
+            return
+        last = cur
+
+
+RUNNERS = {"zephon": run_zephon, "grain": run_grain, "torch": run_torch, "limit": run_limit}
