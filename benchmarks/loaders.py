@@ -19,7 +19,7 @@ from typing import Any
 from zephon_core.packing import Row
 from zephon_core.records import Dropped, Origin, Pointer
 
-from .workload import RowBatcher, Tally, Work, WorkSpec, sample_checksum, stand_in
+from .workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
 
@@ -187,79 +187,61 @@ def run_torch(spec: WorkSpec, params: dict) -> Trace:
 
 # --- the raw limit --------------------------------------------------------------
 
-def _limit_worker(work: Work, share: list[tuple[int, Pointer]], start: Any, out: Any) -> None:
+def _limit_worker(work: Work, share: list[tuple[int, Pointer]], ready: Any, start: Any,
+                  out: Any) -> None:
     work.fn.setup()  # load the tokenizer before the clock starts, as every loader's worker does
+    ready.put(os.getpid())
     start.wait()
     done = []
     for seq, p in share:
-        origin, doc = work.process(seq, p)
-        if isinstance(doc, Dropped):
-            done.append((now(), seq, None))
-        else:
-            done.append((now(), seq, stand_in(doc)))
+        _, doc = work.process(seq, p)
+        done.append((now(), seq, None if isinstance(doc, Dropped) else stand_in(doc)))
     out.put(done)
 
 
 def run_limit(spec: WorkSpec, params: dict) -> Trace:
-    """The same per-sample work in a tight loop in N processes: no loader, no transfer."""
+    """The same per-sample work in a tight loop in N processes: no loader, no transfer.
+
+    The clock starts when every process has loaded its tokenizer; each process
+    works through its share of the samples and keeps the results.
+    """
     work = Work.build(spec)
     procs_n = params.get("processes", os.cpu_count() or 1)
     ctx = mp.get_context("fork")
-    start = ctx.Event()
-    out = ctx.Queue()
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     items = list(enumerate(work.pointers))
-    procs = [ctx.Process(target=_limit_worker, args=(work, items[i::procs_n], start, out),
+    procs = [ctx.Process(target=_limit_worker, args=(work, items[i::procs_n], ready, start, out),
                          daemon=True) for i in range(procs_n)]
     for p in procs:
         p.start()
-    time.sleep(0.5)
-    ready_wait = now()
-    # give every worker the time to load its tokenizer: wait until they are idle
-    _wait_idle([p.pid for p in procs], deadline=ready_wait + 60)
+    for _ in procs:
+        ready.get(timeout=300)
     trace = Trace()
     start.set()
     done = []
     for _ in procs:
-        done += out.get(timeout=600)
-    trace.t_end = max(t for t, _, _ in done)
+        done += out.get(timeout=900)
     for p in procs:
         p.join(timeout=10)
     done.sort(key=lambda x: x[0])
-    # replay the packer on the stand-ins: same drops and rows as a loader would give
+    trace.t_end = done[-1][0]
+    trace.t_first = done[0][0]
+    trace.events = [[t, 1, len(d["tokens"]), int(d["costs"].get("images", 0))]
+                    for t, _, d in done if d is not None]
+    # replay the packer on the stand-ins (untimed): the same rows and drops a loader gives
     batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
-    pointers = work.pointers
-    for t, seq, doc in done:
-        p = pointers[seq]
+    rows: list[Row] = []
+    for _, seq, doc in done:
+        p = work.pointers[seq]
         origin = Origin(seq, p.dataset, p.shard, p.index, 0)
-        batcher.push(origin, Dropped("x") if doc is None else doc)
-        if doc is not None:
-            s = sample_checksum(p.shard, p.index, len(doc["tokens"]))
-            trace.tally.checksum = (trace.tally.checksum + s) % (1 << 64)
-            trace.tally.samples += 1
-            trace.tally.tokens += len(doc["tokens"])
-            trace.tally.images += int(doc["costs"].get("images", 0))
-            trace.events.append([t, 1, len(doc["tokens"]), int(doc["costs"].get("images", 0))])
-    rest = batcher.finish()
+        for b in batcher.push(origin, Dropped("dropped") if doc is None else doc):
+            rows += b
+    rows += batcher.finish()
+    trace.tally.add_rows(rows)
     trace.tally.dropped = batcher.dropped
-    trace.tally.rows = len(rest) + 0  # rows are not part of the limit's work; counted for info
-    trace.t_first = trace.events[0][0] if trace.events else None
     trace.extra["processes"] = procs_n
     trace.extra["per_sample_events"] = True
     return trace
-
-
-def _wait_idle(pids: list[int], deadline: float) -> None:
-    """Wait until every process has used (almost) no CPU for 0.3 s: set-up is over."""
-    import psutil
-
-    ps = [psutil.Process(p) for p in pids]
-    last = [sum(p.cpu_times()[:2]) for p in ps]
-    while now() < deadline:
-        time.sleep(0.3)
-        cur = [sum(p.cpu_times()[:2]) for p in ps]
-        if all(c - lst < 0.03 for c, lst in zip(cur, last, strict=True)):
-            return
-        last = cur
 
 
 RUNNERS = {"zephon": run_zephon, "grain": run_grain, "torch": run_torch, "limit": run_limit}

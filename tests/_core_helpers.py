@@ -40,6 +40,15 @@ def to_tokens(payload: dict) -> dict:
     return {"id": int(payload["id"]), "tokens": toks.astype(np.int32)}
 
 
+COUNTER = {"tokens": 0}
+
+
+def counting_tokens(payload: dict) -> dict:
+    """`to_tokens` that counts its calls in this process (inline runner: the driver)."""
+    COUNTER["tokens"] += 1
+    return to_tokens(payload)
+
+
 def keep(payload: dict) -> bool:
     """Filter predicate: drops about one document in five."""
     return int(payload["id"]) % 5 != 3

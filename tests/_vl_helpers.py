@@ -39,7 +39,7 @@ from zephon_vl.vl_ops import VisionTokens
 SEQ_LEN = 1024
 GLOBAL_BATCH = 8
 NUM_LANES = 8
-MAX_IMAGES = 4
+MAX_IMAGES = 5
 IMAGE = ImageSettings(max_pixels=128 * 28 * 28)
 VIDEO = VideoSettings()
 MERGE = IMAGE.merge_size
@@ -87,7 +87,7 @@ def text_ids(s: str) -> list[int]:
 
 
 def make_recipe(shards: list[str], **overrides: Any) -> Recipe:
-    """The VLM recipe under test: 8 lanes, 8 rows of 1024 tokens per step, <= 4 images a row."""
+    """The VLM recipe under test: 8 lanes, 8 rows of 1024 tokens per step, <= 5 images a row."""
     kw: dict[str, Any] = {"seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH,
                           "num_lanes": NUM_LANES, "image": IMAGE, "max_images": MAX_IMAGES}
     kw.update(overrides)

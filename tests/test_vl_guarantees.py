@@ -139,3 +139,38 @@ def test_save_on_2_resume_on_4_and_8(shards, ref) -> None:
     assert sorted(state["lanes"], key=int) == [str(i) for i in range(NUM_LANES)]
     assert state["fingerprint"]["recipe"] == "vlm"
     assert json.loads(json.dumps(state)) == state
+
+
+def test_every_rank_ends_at_the_same_step(tmp_path, tmp_path_factory) -> None:
+    """At the end of a finite run, every rank yields as many local batches as D=1 has steps.
+
+    Three samples over L=2 lanes: lane 0 gets two, lane 1 one; each sample fills
+    more than half a row, so lane 0 packs two rows and lane 1 one. The global
+    batch of step 1 does not exist (lane 1 has no row for it), so no rank may
+    deliver a local batch for it: a rank that does trains a step its peers
+    never reach (a hang at the next collective in a real job).
+    """
+    from _vl_helpers import demo_samples_by_kind, run_epoch, text_ids
+
+    from zephon_vl.shard_writer import write_shards
+
+    caps = demo_samples_by_kind(tmp_path_factory)["caption"][:3]
+    samples = []
+    for i, s in enumerate(caps):
+        text = s["txt"].decode()
+        while len(text_ids(text)) < 600:
+            text += " " + s["txt"].decode()
+        samples.append({"__key__": f"long{i}", "jpg": s["jpg"], "txt": text})
+    shards = [str(p) for p in write_shards(samples, tmp_path, samples_per_shard=10)]
+
+    def epochs(D: int) -> list:
+        recipe = make_recipe(shards, num_lanes=2, global_batch_size=2, epochs=1)
+        return [run_epoch(Loader(recipe, d, D)) for d in range(D)]
+
+    def steps(D: int) -> list[int]:
+        return [len(e.step_rows) for e in epochs(D)]
+
+    (one,) = epochs(1)
+    assert len(one.step_rows) == 1
+    assert one.end_of_data == [(0, 1), (1, 0)], "setup: lane 0 must hold one more row"
+    assert steps(2) == [1, 1], "ranks disagree on the number of steps at the end of the data"

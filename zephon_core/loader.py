@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,17 +36,31 @@ class StepMeta:
         return sum(e - s for row in self.rows for _, s, e in row)
 
 
+@dataclass
+class _Step:
+    rows: list[Row]
+    snapshots: dict[int, dict]
+    meta: StepMeta
+
+
+
 class Loader:
     """An iterator of local batches for rank `dp_rank` of `dp_world_size`.
 
     Local batch `t` is, in lane order, rows `[t*r, (t+1)*r)` of each of this
     rank's lanes; concatenating ranks `0..D-1` gives the global batch, which is
     therefore the same for every `D` dividing `L`.
+
+    With `background=True` a driver thread runs the lanes and collates up to
+    `execution.prefetch_steps` batches ahead of the consumer (so packing and
+    collation overlap the training step); `state_dict()` still describes the
+    last batch the consumer received.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
                  execution: Execution | None = None, microbatches: int = 1,
-                 runners: dict[int, Runner] | None = None, gather: bool = True) -> None:
+                 runners: dict[int, Runner] | None = None, gather: bool = True,
+                 background: bool = False) -> None:
         self.recipe = recipe
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
@@ -64,7 +80,10 @@ class Loader:
                  for d in recipe.datasets]
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
+        self.background = background
+        self._thread: threading.Thread | None = None
         self.step = 0
+        self._produced = 0
         self.last_meta: StepMeta | None = None
         self.end_of_data: list[tuple[int, int]] = []
         self._closed = False
@@ -89,6 +108,16 @@ class Loader:
 
     def next_rows(self) -> list[Row] | None:
         """The local batch's rows in lane order, or None at the end of the data."""
+        if self._thread is not None:
+            raise RuntimeError("next_rows() is not available with background=True; iterate")
+        step = self._advance()
+        if step is None:
+            return None
+        self._deliver(step)
+        return step.rows
+
+    def _advance(self) -> _Step | None:
+        """Run the lanes until each has `r` more rows; take them (driver thread only)."""
         if self._closed:
             raise RuntimeError("the loader is closed")
         r = self.recipe.rows_per_lane
@@ -106,32 +135,90 @@ class Loader:
                 heads = [f for run in self._runs for f in run.head_futures()]
                 if not heads:
                     raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
-                                       f"lanes {self.lanes}, step {self.step}")
+                                       f"lanes {self.lanes}, step {self._produced}")
                 wait(heads, timeout=60, return_when=FIRST_COMPLETED)
         rows: list[Row] = []
         drops: list[tuple[Origin, str]] = []
+        snaps: dict[int, dict] = {}
         for run in self._runs:
             taken = [run.rows.popleft() for _ in range(r)]
             rows += [row for row, _ in taken]
             drops += [d for row, _ in taken for d in row.drops]
-            self._snapshots[run.lane] = taken[-1][1]
+            snaps[run.lane] = taken[-1][1]
         for run in self._runs:
             run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
             run.pump()
-        self.last_meta = StepMeta(
-            self.step, list(self.lanes),
-            [[(s.origin, s.start, s.end) for s in row.segments] for row in rows], drops)
-        self.step += 1
-        return rows
+        meta = StepMeta(self._produced, list(self.lanes),
+                        [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
+                        drops)
+        self._produced += 1
+        return _Step(rows, snaps, meta)
 
-    def __next__(self) -> Any:
-        rows = self.next_rows()
-        if rows is None:
-            raise StopIteration
+    def _deliver(self, step: _Step) -> None:
+        """The consumer has the step: its snapshots become the loader's state."""
+        self._snapshots.update(step.snapshots)
+        self.last_meta = step.meta
+        self.step = step.meta.step + 1
+
+    def _collate(self, rows: list[Row]) -> Any:
         if self.microbatches == 1:
             return self.recipe.collate(rows)
         k = len(rows) // self.microbatches
         return [self.recipe.collate(rows[i:i + k]) for i in range(0, len(rows), k)]
+
+    def __next__(self) -> Any:
+        if not self.background:
+            rows = self.next_rows()
+            if rows is None:
+                raise StopIteration
+            return self._collate(rows)
+        if self._thread is None:
+            self._start_background()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._stop_background()
+            raise item
+        if item is None:
+            self._stop_background()
+            raise StopIteration
+        step, batch = item
+        self._deliver(step)
+        return batch
+
+    def _start_background(self) -> None:
+        self._queue = queue.Queue(maxsize=max(1, self.execution.prefetch_steps))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="zephon-driver", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        """Background driver: run lanes and collate ahead of the consumer."""
+        try:
+            while not self._stop.is_set():
+                step = self._advance()
+                item = None if step is None else (step, self._collate(step.rows))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if item is None:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            self._queue.put(exc)
+
+    def _stop_background(self) -> None:
+        """Stop the driver thread and forget what it produced beyond the consumer's step."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self._thread = None
 
     # --- checkpoint --------------------------------------------------------
     def local_state_dict(self) -> dict:
@@ -155,8 +242,9 @@ class Loader:
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken, on this loader's rank count."""
         check_state(state, self.fingerprint, self.lanes)
+        self._stop_background()
         snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
-        self.step = int(state["step"])
+        self.step = self._produced = int(state["step"])
         self._build_lanes(snaps)
 
     # --- lifecycle -----------------------------------------------------------
@@ -170,6 +258,7 @@ class Loader:
     def close(self) -> None:
         if self._closed:
             return
+        self._stop_background()
         self._closed = True
         if self._owns_runners:
             for runner in self.runners.values():

@@ -1,0 +1,99 @@
+"""Where the time of one sample goes: each stage timed directly, in a tight loop, one process.
+
+Stages: ``read`` (pread of the tar members), ``decode`` (JPEG header, optional
+draft, full decode, RGB), ``resize`` (target size + bicubic resize),
+``patchify`` (uint8 patch rows), ``video`` (PyAV decode + resize + patchify of
+the few video samples), ``tokenize`` (multimodal tokenization), ``pack``
+(zephon's best-fit packer), and ``transfer``: what zephon's process runner
+does to move one sample between processes (the request with the encoded
+bytes, pickled; the answer with its patch rows copied into shared memory and
+mapped back), done in one process so only the copy and (de)serialization cost
+shows, not the wait.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import time
+from collections import defaultdict
+
+from .workload import Work, WorkSpec
+
+STAGES = ("read", "decode", "resize", "patchify", "video", "tokenize", "pack", "transfer")
+_IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
+
+
+def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
+    from zephon_core import shm
+    from zephon_core.records import Element, Origin
+    from zephon_vl.image import _open, finish_patches, resize_rgb, target_size, to_rgb
+    from zephon_vl.video import process_video
+
+    work = Work.build(spec)
+    read, decode_op, tokenize_op = work.fn.transforms
+    tokenize_op.setup()
+    reader = read.readers[0]
+    settings = decode_op.image
+    packer = work.pack.make(0, spec.seed)
+    acc: dict[str, float] = defaultdict(float)
+    clock = time.perf_counter
+    pointers = work.pointers[:num_samples]
+    n = images = 0
+    prefix = "zephon-bench-breakdown-"
+    for seq, p in enumerate(pointers):
+        t = clock()
+        sample = reader.read(p.shard, p.index)
+        acc["read"] += clock() - t
+        for key, data in sample.items():
+            if not isinstance(key, str) or key.startswith("__"):
+                continue
+            if key == "mp4":
+                t = clock()
+                process_video(data, settings, decode_op.video)
+                acc["video"] += clock() - t
+            elif _IMG.match(key):
+                images += 1
+                t0 = clock()
+                img = _open(data, settings, key)
+                w, h = img.size
+                th, tw = target_size(h, w, settings, key)
+                if settings.draft and img.format in ("JPEG", "MPO") and 2 * tw <= w \
+                        and 2 * th <= h:
+                    img.draft("RGB", (tw, th))
+                img.load()
+                rgb = to_rgb(img)
+                t1 = clock()
+                arr = resize_rgb(rgb, th, tw, settings)
+                t2 = clock()
+                finish_patches(arr[None], settings)
+                t3 = clock()
+                acc["decode"] += t1 - t0
+                acc["resize"] += t2 - t1
+                acc["patchify"] += t3 - t2
+        doc = decode_op.decode(sample)  # untimed: the pieces were timed above
+        t = clock()
+        out = tokenize_op.tokenize(doc)
+        acc["tokenize"] += clock() - t
+        origin = Origin(seq, p.dataset, p.shard, p.index, 0)
+        t = clock()
+        # the process runner's two hops: request (pointer's bytes) and answer (patch rows)
+        req = shm.pack([Element(0, sample, origin)], prefix)
+        shm.unpack(pickle.loads(pickle.dumps(req, protocol=pickle.HIGHEST_PROTOCOL)))
+        ans = shm.pack([out], prefix)
+        shm.unpack(pickle.loads(pickle.dumps(ans, protocol=pickle.HIGHEST_PROTOCOL)))
+        acc["transfer"] += clock() - t
+        t = clock()
+        packer.push(origin, out)
+        while packer.pop_row() is not None:
+            pass
+        acc["pack"] += clock() - t
+        n += 1
+    total = sum(acc[s] for s in STAGES)
+    return {
+        "samples": n,
+        "images": images,
+        "ms_per_sample": {s: 1000 * acc[s] / max(n, 1) for s in STAGES},
+        "share": {s: acc[s] / total if total else 0.0 for s in STAGES},
+        "total_ms_per_sample": 1000 * total / max(n, 1),
+    }

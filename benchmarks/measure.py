@@ -1,0 +1,173 @@
+"""Watching a benchmark process from outside: CPU and memory of its tree, load of the machine.
+
+`TreeMonitor` polls (every `interval` s) the CPU time and resident memory of
+a process and all its descendants, the machine-wide busy time from
+``/proc/stat`` and this (the watching) process's own CPU time. From that
+series and the batch timestamps a run reports, `metrics` computes the
+figures of one run: steady-state rates, time to first batch, CPU seconds per
+sample, peak memory, and how busy the machine was *outside* the benchmark's
+processes (other jobs, steal time), which flags a disturbed run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+
+now = time.monotonic
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NCPU = os.cpu_count() or 1
+
+
+def machine_busy_seconds() -> float:
+    """CPU-seconds the whole machine has been busy (steal included: time we did not get)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def shmem_bytes() -> int:
+    """Shared memory (tmpfs, /dev/shm) in use on the machine: arrays in flight between
+    processes live there, and a process's RSS counts such pages only once it touches them."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Series:
+    t: list[float] = field(default_factory=list)
+    tree_cpu: list[float] = field(default_factory=list)
+    tree_rss: list[float] = field(default_factory=list)
+    machine_busy: list[float] = field(default_factory=list)
+    self_cpu: list[float] = field(default_factory=list)
+    tree_procs: list[int] = field(default_factory=list)
+    shm: list[float] = field(default_factory=list)
+
+    def at(self, name: str, t: float) -> float:
+        return float(np.interp(t, self.t, getattr(self, name)))
+
+
+class TreeMonitor(threading.Thread):
+    """Polls a process tree until the root exits (or `stop()`)."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        super().__init__(name="bench-monitor", daemon=True)
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.series = Series()
+        self._procs: dict[int, psutil.Process] = {pid: self.root}
+        self._cpu: dict[int, float] = {}
+        self._halt = threading.Event()
+        self.poll()
+
+    def poll(self) -> None:
+        try:
+            for child in self.root.children(recursive=True):
+                if child.pid not in self._procs:
+                    self._procs[child.pid] = child
+        except psutil.Error:
+            pass
+        rss = 0
+        alive = 0
+        for pid, proc in list(self._procs.items()):
+            try:
+                with proc.oneshot():
+                    ct = proc.cpu_times()
+                    mem = proc.memory_info().rss
+                self._cpu[pid] = ct.user + ct.system  # dead processes keep their last value
+                rss += mem
+                alive += 1
+            except psutil.Error:
+                self._procs.pop(pid, None)
+        s = self.series
+        s.t.append(now())
+        s.tree_cpu.append(sum(self._cpu.values()))
+        s.tree_rss.append(rss)
+        s.machine_busy.append(machine_busy_seconds())
+        s.self_cpu.append(time.process_time())
+        s.tree_procs.append(alive)
+        s.shm.append(shmem_bytes())
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            self.poll()
+            if not self.root.is_running() or self.root.status() == psutil.STATUS_ZOMBIE:
+                break
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+        self.poll()
+
+
+def steady_window(events: list[list[float]], total: int, warm_frac: float = 0.2,
+                  end_frac: float = 0.95) -> tuple[int, int]:
+    """Indices (a, b) of the events bounding the steady state: events (a, b] are measured.
+
+    Warm-up: the first batch and at least `warm_frac` of all samples (the
+    ramp while buffers fill). The end: no event past `end_frac` of all samples
+    (the ramp-down while the last workers finish). `total` counts every
+    sample, the drained tail included, which has no event of its own.
+    """
+    n = len(events)
+    if n < 2:
+        return 0, max(n - 1, 0)
+    cum = np.cumsum([e[1] for e in events])
+    a = max(int(np.searchsorted(cum, warm_frac * total)), 0)
+    b = int(np.searchsorted(cum, end_frac * total, side="right")) - 1
+    a = min(a, n - 2)
+    b = min(max(b, a + 1), n - 1)
+    return a, b
+
+
+def metrics(result: dict, series: Series) -> dict:
+    """The figures of one run from its batch events and the monitor's series."""
+    ev = result["events"]
+    t0, t_end = result["t_start"], result["t_end"]
+    a, b = steady_window(ev, sum(e[1] for e in ev) + result["extra"].get("tail", {}).get(
+        "samples", 0))
+    win = ev[a + 1:b + 1]
+    ta, tb = ev[a][0], ev[b][0]
+    dt = max(tb - ta, 1e-9)
+    samples = sum(e[1] for e in win)
+    tokens = sum(e[2] for e in win)
+    images = sum(e[3] for e in win)
+    cpu_win = series.at("tree_cpu", tb) - series.at("tree_cpu", ta)
+    total_wall = t_end - t0
+    tree_all = series.at("tree_cpu", t_end) - series.at("tree_cpu", t0)
+    busy_all = series.at("machine_busy", t_end) - series.at("machine_busy", t0)
+    self_all = series.at("self_cpu", t_end) - series.at("self_cpu", t0)
+    outside = max(0.0, busy_all - tree_all - self_all) / (NCPU * max(total_wall, 1e-9))
+    busy_w = series.at("machine_busy", tb) - series.at("machine_busy", ta)
+    self_w = series.at("self_cpu", tb) - series.at("self_cpu", ta)
+    outside_w = max(0.0, busy_w - cpu_win - self_w) / (NCPU * dt)
+    tally = result["tally"]
+    return {
+        "samples_per_s": samples / dt,
+        "tokens_per_s": tokens / dt,
+        "images_per_s": images / dt,
+        "ttfb_s": (result["t_first"] - t0) if result["t_first"] is not None else None,
+        "cpu_s_per_sample": cpu_win / samples if samples else None,
+        "cores_used": cpu_win / dt,
+        "peak_rss_mb": max(series.tree_rss) / 2**20 if series.tree_rss else None,
+        "peak_shm_mb": (max(series.shm) - series.shm[0]) / 2**20 if series.shm else None,
+        "peak_mem_mb": max(r + m - series.shm[0] for r, m in zip(series.tree_rss, series.shm,
+                                                                 strict=True)) / 2**20
+        if series.shm else None,
+        "outside_load": outside,
+        "outside_load_steady": outside_w,
+        "steady_samples": samples,
+        "steady_seconds": dt,
+        "wall_s": total_wall,
+        "overall_samples_per_s": tally["samples"] / max(total_wall, 1e-9),
+        "cpu_s_total": tree_all,
+    }

@@ -1,0 +1,476 @@
+"""zephon-vl against Grain, torch DataLoader and the raw limit, on one VLM pipeline, in one run.
+
+Usage (from a checkout)::
+
+    zephon-vl bench --quick --json /tmp/bench.json      # < 3 min on 2 cores
+    zephon-vl bench --out bench-out                     # full: 2,000 samples, 3 reps
+    python -m benchmarks.vlm_bench --quick              # the same without the CLI
+
+Every configuration runs in a fresh process (so its memory and CPU are its
+own) while this process watches the process tree (psutil) and the machine's
+load (/proc/stat). Configurations are interleaved across repetitions, so slow
+drifts of the machine hit all loaders alike. Every run must deliver the same
+samples and tokens (an order-free checksum of (shard, index, tokens) of every
+packed sample); the harness fails loudly otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
+           "cores_used", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb", "outside_load", "outside_load_steady", "wall_s",
+           "overall_samples_per_s", "steady_samples", "steady_seconds")
+
+
+# --- arguments --------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="fewer samples, a smaller grid, one repetition (< 3 min on 2 cores)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON here")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for bench.json, bench.md, bench.png and logs "
+                        "(default: ./bench-out)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="image samples in the demo data (default 2000; quick 400)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="demo data folder (made if missing; default: the zephon cache)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; quick 1)")
+    p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
+    p.add_argument("--only", default=None, metavar="FAMILIES",
+                   help="comma-separated subset of zephon,grain,torch,limit")
+    p.add_argument("--no-scaling", action="store_true", help="skip the 1/2/4-process scaling")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage breakdown")
+    p.add_argument("--max-outside-load", type=float, default=0.15,
+                   help="a run is 'disturbed' when other processes kept more than this "
+                        "fraction of the machine busy (default 0.15)")
+    p.add_argument("--retries", type=int, default=None,
+                   help="re-runs of a disturbed run (default 1; quick 0)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before one run is killed (default 600; quick 150)")
+
+
+# --- configurations -----------------------------------------------------------------
+
+def _cfg(name: str, family: str, params: dict, scaling: int | None = None,
+         scaling_only: bool = False) -> dict:
+    return {"name": name, "family": family, "params": params, "scaling": scaling,
+            "scaling_only": scaling_only}
+
+
+def _zephon(d: int, t: int, r: int, **extra: Any) -> dict:
+    fused = " (fused)" if d == t else ""
+    return _cfg(f"zephon decode={d} tokenize={t}{fused} read={r}", "zephon",
+                {"workers": {"decode": d, "tokenize": t, "read": r}, **extra})
+
+
+def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
+    """The grid: zephon default + per-operator workers, Grain, DataLoader, the raw limit."""
+    cfgs = [_cfg("zephon default", "zephon", {}, scaling=1)]
+    if quick:
+        zgrid = [(2, 2, 1), (2, 1, 1)]
+        ggrid = [(1, 2), (2, 1), (2, 2)]
+        tgrid = [2]
+    else:
+        zgrid = [(d, t, r) for d in (1, 2) for t in (1, 2) for r in (1, 2) if (d, t, r) != (1, 1, 1)]
+        ggrid = [(w, th) for w in (1, 2) for th in (1, 2, 4)]
+        tgrid = [1, 2, 3]
+    for d, t, r in zgrid:
+        c = _zephon(d, t, r)
+        if d == t and r == 1:
+            c["scaling"] = d
+        cfgs.append(c)
+    for w, th in ggrid:
+        cfgs.append(_cfg(f"grain mp_prefetch={w} threads={th}", "grain",
+                         {"workers": w, "threads": th, "buffer": 16},
+                         scaling=w if th == 1 else None))
+    for w in tgrid:
+        cfgs.append(_cfg(f"torch num_workers={w}", "torch", {"workers": w, "batch_size": 8}))
+    cfgs.append(_cfg(f"raw limit {ncpu} processes", "limit", {"processes": ncpu}, scaling=ncpu))
+    if scaling:
+        have = {(c["family"], c["scaling"]) for c in cfgs}
+        for n in (1, 2, 4):
+            if ("limit", n) not in have:
+                cfgs.append(_cfg(f"raw limit {n} processes", "limit", {"processes": n},
+                                 scaling=n, scaling_only=True))
+            if not quick and ("zephon", n) not in have:
+                c = _zephon(n, n, 1)
+                c.update(scaling=n, scaling_only=True)
+                cfgs.append(c)
+            if not quick and ("grain", n) not in have:
+                cfgs.append(_cfg(f"grain mp_prefetch={n} threads=1", "grain",
+                                 {"workers": n, "threads": 1, "buffer": 16}, scaling=n,
+                                 scaling_only=True))
+    return cfgs
+
+
+# --- one run in a child process ---------------------------------------------------------
+
+def preload(spec_json: dict) -> None:
+    """Import what every run needs and build the recipe once, before the runs are forked.
+
+    Runs are forked from this process, so they start in milliseconds with warm
+    caches (modules, tokenizer, shard indexes) instead of paying seconds of
+    imports each; the clock of a run starts when its loader is constructed.
+    Nothing here starts a thread or uses the tokenizer, so forking stays safe.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import grain  # noqa: F401
+    import psutil  # noqa: F401
+    import torch  # noqa: F401
+    import torch.utils.data  # noqa: F401
+
+    from zephon_core.loader import Loader  # noqa: F401
+
+    from .loaders import RUNNERS  # noqa: F401
+    from .workload import WorkSpec
+
+    WorkSpec.from_json(spec_json).recipe()
+
+
+def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str) -> dict:
+    """Fork a child that runs one configuration; watch its process tree until it ends."""
+    from .measure import TreeMonitor, metrics
+
+    result_path = logdir / f"{tag}.result.json"
+    log_path = logdir / f"{tag}.log"
+    job = {"family": cfg["family"], "params": cfg["params"], "spec": spec_json}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run, write the result, leave without the parent's atexit
+        code = 1
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.setsid()
+            code = child_main(json.dumps(job), str(result_path))
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    mon = TreeMonitor(pid)
+    mon.start()
+    deadline = time.monotonic() + timeout
+    status = None
+    try:
+        while True:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(st)
+                break
+            if time.monotonic() > deadline:
+                _kill_tree(pid)
+                os.waitpid(pid, 0)
+                status = "timeout"
+                break
+            time.sleep(0.05)
+    finally:
+        mon.stop()
+        _kill_tree(pid, only_children=True)
+    if status != 0 or not result_path.is_file():
+        tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+        return {"ok": False, "error": f"exit {status}", "log_tail": tail}
+    result = json.loads(result_path.read_text())
+    m = metrics(result, mon.series)
+    return {"ok": True, "metrics": m, "tally": result["tally"], "extra": result["extra"]}
+
+
+def _kill_tree(pid: int, only_children: bool = False) -> None:
+    """Kill a run's process (and what it left behind: workers in its session)."""
+    import psutil
+
+    procs = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) == pid:
+                procs.append(p)
+        except (psutil.Error, OSError):
+            pass
+    if only_children:
+        procs = [p for p in procs if p.pid != pid]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def child_main(job_json: str, result_path: str) -> int:
+    from .loaders import RUNNERS
+    from .workload import WorkSpec
+
+    job = json.loads(job_json)
+    spec = WorkSpec.from_json(job["spec"])
+    trace = RUNNERS[job["family"]](spec, job["params"])
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(trace.to_json(), f)
+    os.replace(tmp, result_path)
+    return 0
+
+
+# --- the whole benchmark ----------------------------------------------------------------
+
+def machine_info() -> dict:
+    model = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    from zephon_vl.image import pillow_backend
+
+    return {
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu_count": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+        "platform": platform.platform(), "pillow_backend": pillow_backend(),
+        "pillow": version("pillow-simd") or version("Pillow"), "grain": version("grain"),
+        "torch": version("torch"), "transformers": version("transformers"),
+    }
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    vals = [r["metrics"][key] for r in runs if r["metrics"].get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _data(args: argparse.Namespace, samples: int) -> Any:
+    from zephon_vl.demo_data import build_demo_dataset, default_demo_dir
+
+    if args.data:
+        out = Path(args.data)
+    elif samples == 2000:
+        out = default_demo_dir()  # the vlm-demo data set itself
+    else:
+        out = default_demo_dir().parent / f"bench-demo-{samples}"
+    return build_demo_dataset(out, num_samples=samples)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zephon_core.assets import qwen_tokenizer_dir
+
+    from .report import chart, markdown
+    from .workload import WorkSpec
+
+    t_begin = time.monotonic()
+    quick = args.quick
+    samples = args.samples or (400 if quick else 2000)
+    reps = args.reps or (1 if quick else 3)
+    retries = args.retries if args.retries is not None else (0 if quick else 1)
+    timeout = args.timeout or (150.0 if quick else 600.0)
+    out = Path(args.out or "bench-out")
+    out.mkdir(parents=True, exist_ok=True)
+    logdir = Path(tempfile.mkdtemp(prefix="runs-", dir=out))
+    machine = machine_info()
+    ncpu = machine["nproc"]
+    ds = _data(args, samples)
+    spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
+                    draft=args.draft)
+    # index the shards once here, so no run pays for it
+    from zephon_vl.wds_index import WebDatasetReader
+
+    reader = WebDatasetReader(list(spec.shards))
+    for s in range(reader.num_shards):
+        reader.index(s)
+    spec_json = spec.to_json()
+    preload(spec_json)
+    cfgs = configurations(quick, ncpu, not args.no_scaling)
+    if args.only:
+        keep = set(args.only.split(","))
+        cfgs = [c for c in cfgs if c["family"] in keep]
+    _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), {ds.num_samples} "
+         f"samples in {len(spec.shards)} shards ({ds.root}), {ncpu} cores, "
+         f"PIL {machine['pillow_backend']}; logs in {logdir}")
+    runs: dict[str, list[dict]] = {c["name"]: [] for c in cfgs}
+    failures: list[str] = []
+    for rep in range(reps):
+        order = cfgs[rep % len(cfgs):] + cfgs[:rep % len(cfgs)]  # rotate: spread drifts
+        for cfg in order:
+            for attempt in range(retries + 1):
+                tag = f"r{rep}-a{attempt}-{cfg['name'].replace(' ', '_').replace('=', '')}"
+                r = run_one(cfg, spec_json, logdir, timeout, tag)
+                if not r["ok"]:
+                    failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
+                    _say(f"  FAILED {cfg['name']}: {r['error']}")
+                    break
+                m = r["metrics"]
+                r["disturbed"] = m["outside_load"] > args.max_outside_load
+                r["rep"], r["attempt"] = rep, attempt
+                runs[cfg["name"]].append(r)
+                _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {cfg['name']:<44} "
+                     f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
+                     f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
+                     f"outside {100 * m['outside_load']:3.0f}%"
+                     + ("  DISTURBED" if r["disturbed"] else ""))
+                if not r["disturbed"]:
+                    break
+    breakdown = None
+    if not args.no_breakdown:
+        from .breakdown import run_breakdown
+
+        breakdown = run_breakdown(spec, 60 if quick else 200)
+        _say(f"  breakdown: {breakdown['total_ms_per_sample']:.2f} ms/sample in one process")
+
+    # --- checks: the same samples and tokens for every run -----------------------------
+    ref = None
+    mismatches = []
+    for name, rs in runs.items():
+        for r in rs:
+            t = r["tally"]
+            key = (t["samples"], t["tokens"], t["images"], t["dropped"], t["checksum"])
+            if ref is None:
+                ref = (name, key)
+            elif key != ref[1]:
+                mismatches.append(f"{name} rep {r['rep']}: samples/tokens/images/dropped/"
+                                  f"checksum {key} != {ref[0]}'s {ref[1]}")
+    # --- summary ------------------------------------------------------------------------
+    configs_out = []
+    for c in cfgs:
+        rs = runs[c["name"]]
+        good = [r for r in rs if not r["disturbed"]]
+        use = good or rs
+        configs_out.append({
+            **c, "runs_ok": len(good), "runs_disturbed": len(rs) - len(good),
+            "median": {k: _median(use, k) for k in METRICS} if use else {},
+            "runs": [{"rep": r["rep"], "attempt": r["attempt"], "disturbed": r["disturbed"],
+                      **r["metrics"], "plan": r["extra"].get("plan")} for r in rs],
+        })
+    best: dict[str, str] = {}
+    for fam in ("zephon", "grain", "torch", "limit"):
+        cands = [c for c in configs_out if c["family"] == fam and not c["scaling_only"]
+                 and c["median"].get("samples_per_s")]
+        if cands:
+            best[fam] = max(cands, key=lambda c: c["median"]["samples_per_s"])["name"]
+    by_name = {c["name"]: c for c in configs_out}
+
+    def best_rate(fam: str) -> float | None:
+        return by_name[best[fam]]["median"]["samples_per_s"] if fam in best else None
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = best_rate(a), best_rate(b)
+        return x / y if x and y else None
+
+    scaling = None
+    if not args.no_scaling:
+        procs = [1, 2, 4]
+        table: dict[str, list[float | None]] = {}
+        for fam in ("zephon", "grain", "limit"):
+            row = []
+            for n in procs:
+                cs = [c for c in configs_out if c["family"] == fam and c["scaling"] == n]
+                row.append(cs[0]["median"].get("samples_per_s") if cs else None)
+            if any(v is not None for v in row):
+                table[fam] = row
+        scaling = {"processes": procs, "samples_per_s": table,
+                   "note": "zephon: decode and tokenize fused in N processes; Grain: "
+                           "mp_prefetch N workers, 1 read thread; limit: N processes"}
+    tally = runs[cfgs[0]["name"]][0]["tally"] if runs[cfgs[0]["name"]] else {}
+    warnings = []
+    disturbed = sum(c["runs_disturbed"] for c in configs_out)
+    if disturbed:
+        warnings.append(f"{disturbed} run(s) were disturbed by other load on the machine "
+                        f"(> {100 * args.max_outside_load:.0f}% of it busy outside the "
+                        "benchmark); medians use undisturbed runs where a configuration "
+                        "has any")
+    report = {
+        "format": "zephon-vl-bench", "version": 1,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "quick" if quick else "full", "reps": reps, "machine": machine,
+        "command": " ".join(["zephon-vl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"]
+        else " ".join(sys.argv),
+        "settings": {**spec_json, "samples": ds.num_samples, "images": ds.num_images,
+                     "data": str(ds.root), "delivered": tally,
+                     "max_outside_load": args.max_outside_load},
+        "ratio_vs_grain": ratio("zephon", "grain"),
+        "ratio_vs_limit": ratio("zephon", "limit"),
+        "ratio_vs_torch": ratio("zephon", "torch"),
+        "zephon_default_vs_grain": (by_name["zephon default"]["median"]["samples_per_s"]
+                                    / best_rate("grain"))
+        if "zephon default" in by_name and best_rate("grain")
+        and by_name["zephon default"]["median"].get("samples_per_s") else None,
+        "best": best,
+        "best_samples_per_s": {f: best_rate(f) for f in best},
+        "configs": configs_out, "scaling": scaling, "breakdown": breakdown,
+        "checks": {"ok": not mismatches and not failures, "same_samples_and_tokens":
+                   not mismatches, "mismatches": mismatches, "failures": failures},
+        "warnings": warnings,
+        "elapsed_s": time.monotonic() - t_begin,
+    }
+    text = json.dumps(report, indent=1)
+    (out / "bench.json").write_text(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text)
+    md = markdown(report)
+    (out / "bench.md").write_text(md)
+    try:
+        chart(report, out / "bench.png")
+    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
+        _say(f"  (chart failed: {exc})")
+    print(md)
+    _say(f"zephon-vl bench: {report['elapsed_s']:.0f} s; wrote {out / 'bench.json'}, "
+         f"{out / 'bench.md'}, {out / 'bench.png'}")
+    if mismatches or failures:
+        for line in mismatches + failures:
+            _say(f"ERROR: {line}")
+        _say("zephon-vl bench: FAILED: the loaders did not all deliver the same samples and "
+             "tokens, or a run failed (see above)")
+        return 3
+    shutil.rmtree(logdir, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child_main(argv[1], argv[3])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vlm_bench",
+                                description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
