@@ -51,6 +51,7 @@ class Series:
     self_cpu: list[float] = field(default_factory=list)
     tree_procs: list[int] = field(default_factory=list)
     shm: list[float] = field(default_factory=list)
+    root_cpu: list[float] = field(default_factory=list)
 
     def at(self, name: str, t: float) -> float:
         return float(np.interp(t, self.t, getattr(self, name)))
@@ -96,6 +97,7 @@ class TreeMonitor(threading.Thread):
         s.self_cpu.append(time.process_time())
         s.tree_procs.append(alive)
         s.shm.append(shmem_bytes())
+        s.root_cpu.append(self._cpu.get(self.root.pid, 0.0))
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):
@@ -129,12 +131,12 @@ def steady_window(events: list[list[float]], total: int, warm_frac: float = 0.2,
     return a, b
 
 
-def metrics(result: dict, series: Series) -> dict:
+def metrics(result: dict, series: Series, warm_frac: float = 0.2) -> dict:
     """The figures of one run from its batch events and the monitor's series."""
     ev = result["events"]
     t0, t_end = result["t_start"], result["t_end"]
     a, b = steady_window(ev, sum(e[1] for e in ev) + result["extra"].get("tail", {}).get(
-        "samples", 0))
+        "samples", 0), warm_frac)
     win = ev[a + 1:b + 1]
     ta, tb = ev[a][0], ev[b][0]
     dt = max(tb - ta, 1e-9)
@@ -158,6 +160,8 @@ def metrics(result: dict, series: Series) -> dict:
         "ttfb_s": (result["t_first"] - t0) if result["t_first"] is not None else None,
         "cpu_s_per_sample": cpu_win / samples if samples else None,
         "cores_used": cpu_win / dt,
+        "main_cpu_s_per_sample": (series.at("root_cpu", tb) - series.at("root_cpu", ta))
+        / samples if samples else None,
         "peak_rss_mb": max(series.tree_rss) / 2**20 if series.tree_rss else None,
         "peak_shm_mb": (max(series.shm) - series.shm[0]) / 2**20 if series.shm else None,
         "peak_mem_mb": max(r + m - series.shm[0] for r, m in zip(series.tree_rss, series.shm,

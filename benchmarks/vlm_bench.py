@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
-           "cores_used", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb", "outside_load", "outside_load_steady", "wall_s",
+           "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb", "outside_load", "outside_load_steady", "wall_s",
            "overall_samples_per_s", "steady_samples", "steady_seconds")
 
 
@@ -50,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, metavar="DIR",
                    help="demo data folder (made if missing; default: the zephon cache)")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; quick 1)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the data (default 1; quick 2, the second one measured)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="fraction of the samples before the steady state (default 0.2; "
+                        "quick 0.5: the first epoch)")
     p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
     p.add_argument("--only", default=None, metavar="FAMILIES",
                    help="comma-separated subset of zephon,grain,torch,limit")
@@ -142,7 +147,8 @@ def preload(spec_json: dict) -> None:
     WorkSpec.from_json(spec_json).recipe()
 
 
-def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str) -> dict:
+def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
+            warm_frac: float = 0.2) -> dict:
     """Fork a child that runs one configuration; watch its process tree until it ends."""
     from .measure import TreeMonitor, metrics
 
@@ -191,7 +197,7 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str) 
         tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         return {"ok": False, "error": f"exit {status}", "log_tail": tail}
     result = json.loads(result_path.read_text())
-    m = metrics(result, mon.series)
+    m = metrics(result, mon.series, warm_frac)
     return {"ok": True, "metrics": m, "tally": result["tally"], "extra": result["extra"]}
 
 
@@ -297,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
     t_begin = time.monotonic()
     quick = args.quick
     samples = args.samples or (400 if quick else 2000)
+    epochs = args.epochs or (2 if quick else 1)
+    warm = args.warmup if args.warmup is not None else (0.5 if quick else 0.2)
     reps = args.reps or (1 if quick else 3)
     retries = args.retries if args.retries is not None else (0 if quick else 1)
     timeout = args.timeout or (150.0 if quick else 600.0)
@@ -307,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     ncpu = machine["nproc"]
     ds = _data(args, samples)
     spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
-                    draft=args.draft)
+                    draft=args.draft, epochs=epochs)
     # index the shards once here, so no run pays for it
     from zephon_vl.wds_index import WebDatasetReader
 
@@ -330,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         for cfg in order:
             for attempt in range(retries + 1):
                 tag = f"r{rep}-a{attempt}-{cfg['name'].replace(' ', '_').replace('=', '')}"
-                r = run_one(cfg, spec_json, logdir, timeout, tag)
+                r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
                 if not r["ok"]:
                     failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
                     _say(f"  FAILED {cfg['name']}: {r['error']}")
@@ -422,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
         else " ".join(sys.argv),
         "settings": {**spec_json, "samples": ds.num_samples, "images": ds.num_images,
                      "data": str(ds.root), "delivered": tally,
-                     "max_outside_load": args.max_outside_load},
+                     "max_outside_load": args.max_outside_load, "warmup": warm},
         "ratio_vs_grain": ratio("zephon", "grain"),
         "ratio_vs_limit": ratio("zephon", "limit"),
         "ratio_vs_torch": ratio("zephon", "torch"),

@@ -42,6 +42,8 @@ class WorkSpec:
     #: all its pointers and flush them at once at the end of the epoch, outside the
     #: lane's in-flight budget; on a real corpus it never does. 32 keeps the bound.
     shuffle_buffer: int = 32
+    #: passes over the data: with 2, the second pass is measured with every loader warm
+    epochs: int = 1
     seed: int = 0
 
     def to_json(self) -> dict:
@@ -66,12 +68,13 @@ class WorkSpec:
                           global_batch_size=self.batch_rows, num_lanes=self.num_lanes,
                           seed=self.seed, image=self.image_settings(),
                           max_images=self.max_images, shuffle_buffer=self.shuffle_buffer,
-                          epochs=1, name="vlm-bench")
+                          epochs=self.epochs, name="vlm-bench")
 
 
 @dataclass
 class Work:
-    """The recipe's stateless operators fused into one call, its packer, and the sample list."""
+    """The recipe's stateless operators fused into one call, its packer, and the sample list
+    (every sample once per epoch)."""
 
     spec: WorkSpec
     fn: StageFn
@@ -92,7 +95,8 @@ class Work:
                     for i in range(reader.shard_len(s))]
         # One fixed shuffle for the loaders that take a sample list (Grain, DataLoader,
         # the raw limit); zephon shuffles by itself. The order changes no per-sample work.
-        order = np.random.default_rng(spec.seed).permutation(len(pointers))
+        rng = np.random.default_rng(spec.seed)
+        order = np.concatenate([rng.permutation(len(pointers)) for _ in range(spec.epochs)])
         return cls(spec, StageFn(transforms), pack, [pointers[i] for i in order])
 
     def process(self, seq: int, p: Pointer) -> tuple[Origin, Any]:

@@ -92,7 +92,12 @@ def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
                 execution: Execution | None = None, save_at: int | None = None,
                 resume_dp: list[int] | None = None,
                 on_state: Callable[[str], None] | None = None) -> Iterator[StepRecord]:
-    """Yield one record per global step; with `save_at`, then each resume's records."""
+    """Yield one record per global step of the uninterrupted run on `dp` ranks.
+
+    With `save_at`, the global state is also taken after `save_at` steps and,
+    after the uninterrupted run, restored on each of `resume_dp` (phase
+    ``resumed@K``), whose records follow.
+    """
     execution = execution or Execution()
     recipe = make_recipe()
     runners = Plan(recipe.ops, execution).make_runners()
@@ -105,6 +110,7 @@ def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
         state = sim.state_json()
         if on_state is not None:
             on_state(state)
+        yield from _steps(sim, save_at, steps, "run")
         for d2 in resume_dp or [dp]:
             sim2 = SimulatedRanks(make_recipe(), d2, execution, runners)
             t0 = time.perf_counter()
