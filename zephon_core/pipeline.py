@@ -21,8 +21,9 @@ class Execution:
 
     `runner` is the default for every transform (``auto``: each operator's own
     preference, e.g. threads for reads and processes for decode and
-    tokenize); `runners` and `workers` override it per operator name. Consecutive transforms with the same runner
-    and worker count are fused into one stage (one worker call per group).
+    tokenize); `runners` and `workers` override it per operator name.
+    Consecutive transforms with the same runner and worker count are fused
+    into one stage (one worker call per group).
     """
 
     runner: str = "inline"
@@ -114,9 +115,6 @@ class Plan:
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
                                      ex.start_method, s.name)
                 for s in self.stages if s.kind == "transform"}
-
-    def settings(self) -> list[dict]:
-        return [{"name": o.name, "type": type(o).__name__, **o.settings()} for o in self.ops]
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None) -> str:
         ex = self.execution

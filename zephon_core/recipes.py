@@ -44,7 +44,7 @@ def register_kind(kind: str, factory: RecipeFactory) -> None:
 
 def text_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 512,
               seed: int = 0, **overrides: Any) -> Recipe:
-    """Real English text (stdlib docstrings) with the real Qwen vocabulary, two datasets mixed 3:1."""
+    """Real English text (stdlib docstrings), the real Qwen vocabulary, two datasets 3:1."""
     shards = text_corpus()
     return text_recipe({"docs-a": shards[:3], "docs-b": shards[3:]}, qwen_tokenizer_dir(),
                        weights={"docs-a": 3.0, "docs-b": 1.0}, seq_len=seq_len,

@@ -106,8 +106,9 @@ class Tokenize(Transform):
                                      f"no string field {self.text_key!r} in the sample")
             texts.append(text)
         ids = self._tok(texts, add_special_tokens=False)["input_ids"]
-        bos = [self._tok.bos_token_id] if self.add_bos and self._tok.bos_token_id is not None else []
-        eos = [self._tok.eos_token_id] if self.add_eos and self._tok.eos_token_id is not None else []
+        bos_id, eos_id = self._tok.bos_token_id, self._tok.eos_token_id
+        bos = [bos_id] if self.add_bos and bos_id is not None else []
+        eos = [eos_id] if self.add_eos and eos_id is not None else []
         return [{"tokens": np.asarray(bos + t + eos, dtype=np.int32)} for t in ids]
 
 
