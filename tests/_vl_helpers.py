@@ -270,3 +270,38 @@ def json_bytes(obj: Any) -> bytes:
 
 
 IGNORE = IGNORE_INDEX
+
+
+# --- end of data across ranks (run in spawned processes) -----------------------------------
+def _ten_tokens(sample: dict) -> dict:
+    return {"tokens": np.arange(10, dtype=np.int32) + 100 * int(sample["id"])}
+
+
+def uneven_lanes_recipe() -> Recipe:
+    """3 documents of 10 tokens over L=2 lanes, rows of 16: lane 0 packs 2 rows, lane 1 one.
+
+    Text only and in memory (no tokenizer, no files), so spawned ranks start fast.
+    """
+    from zephon_core.operators import Map
+    from zephon_core.packing import Pack
+    from zephon_core.readers import InMemoryReader
+    from zephon_core.sources import Dataset
+    from zephon_core.text_ops import Read
+
+    reader = InMemoryReader([[{"id": i} for i in range(3)]])
+    ops = [Read([reader]), Map(_ten_tokens, name="ten"), Pack(16, overlong="drop")]
+    return Recipe([Dataset("mem", reader)], ops, global_batch_size=2, num_lanes=2, epochs=1)
+
+
+def count_batches_job(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One rank of a gloo job: iterate the loader to its end, write how many batches it gave."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        with Loader(uneven_lanes_recipe(), rank, world) as loader:
+            n = sum(1 for _ in loader)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(n))
+    finally:
+        dist.destroy_process_group()

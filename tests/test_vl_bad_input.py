@@ -71,6 +71,7 @@ def cut_last_member(shard: Path) -> None:
 
 
 def write_dataset(out: Path, samples: list[dict], cut_last: bool, per_shard: int) -> list[str]:
+    """`samples` in shards of `per_shard`; with `cut_last`, the last shard is cut short."""
     shards = write_shards(samples, out, samples_per_shard=per_shard)
     if cut_last:
         cut_last_member(shards[-1])
@@ -80,7 +81,7 @@ def write_dataset(out: Path, samples: list[dict], cut_last: bool, per_shard: int
 @pytest.fixture(scope="module")
 def goods(tmp_path_factory) -> dict[str, dict]:
     by_kind = demo_samples_by_kind(tmp_path_factory)
-    out = {f"g_cap{i}": s for i, s in enumerate(by_kind["caption"][:6])}
+    out = {f"g_cap{i:02d}": s for i, s in enumerate(by_kind["caption"][:16])}
     out["g_conv"] = by_kind["conversation"][0]
     out["g_inter"] = by_kind["interleaved"][0]
     out["g_vid"] = by_kind["video"][0]
@@ -90,14 +91,17 @@ def goods(tmp_path_factory) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory, goods) -> list[str]:
     """Two shards, every bad case among good samples; the second shard's last sample is cut."""
-    bad = bad_samples(goods["g_cap0"]["jpg"])
-    first = ["g_cap0", "b_corrupt", "g_conv", "b_truncjpg", "b_video", "g_inter", "b_nocap",
-             "b_bomb", "g_cap1"]
-    second = ["g_cap2", "g_vid", "g_cap3", "g_cap4", "g_cap5", "b_cut"]
-    pool = {**goods, **bad, "b_cut": {"jpg": goods["g_cap1"]["jpg"], "txt": CAPTION * 40}}
+    bad = bad_samples(goods["g_cap00"]["jpg"])
+    first = ["g_cap00", "b_corrupt", "g_conv", "b_truncjpg", "g_cap01", "b_video", "g_inter",
+             "b_nocap", "g_cap02", "b_bomb", "g_cap03", "g_cap04", "g_cap05", "g_cap06"]
+    second = ["g_vid", *(f"g_cap{i:02d}" for i in range(7, 16)), "b_cut"]
+    assert sorted(first + second) == sorted([*goods, *bad, "b_cut"])
+    pool = {**goods, **bad, "b_cut": {"jpg": goods["g_cap01"]["jpg"], "txt": CAPTION * 40}}
     samples = [{"__key__": k, **pool[k]} for k in first + second]
-    return write_dataset(tmp_path_factory.mktemp("mixed"), samples, cut_last=True,
-                         per_shard=len(first))
+    shards = write_dataset(tmp_path_factory.mktemp("mixed"), samples, cut_last=True,
+                           per_shard=len(first))
+    assert len(shards) == 2
+    return shards
 
 
 def recipe_for(shards: list[str], on_error: str, num_lanes: int = 2, **kw):
@@ -114,9 +118,9 @@ def keyed(recipe, origins) -> list[str]:
 @pytest.mark.parametrize("runner", ["inline", "threads"])
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_raise_names_shard_key_and_reason(tmp_path, goods, case: str, runner: str) -> None:
-    pool = {**goods, **bad_samples(goods["g_cap0"]["jpg"]),
-            "b_cut": {"jpg": goods["g_cap1"]["jpg"], "txt": CAPTION * 40}}
-    keys = ["g_cap0", "g_cap1", case]  # the case last: the cut shard's last member is its own
+    pool = {**goods, **bad_samples(goods["g_cap00"]["jpg"]),
+            "b_cut": {"jpg": goods["g_cap01"]["jpg"], "txt": CAPTION * 40}}
+    keys = ["g_cap00", "g_cap01", case]  # the case last: the cut shard's last member is its own
     shards = write_dataset(tmp_path, [{"__key__": k, **pool[k]} for k in keys],
                            cut_last=case == "b_cut", per_shard=10)
     recipe = recipe_for(shards, "raise", num_lanes=1)
@@ -169,16 +173,15 @@ def test_drop_records_every_bad_sample_and_keeps_every_good_one(mixed, goods,
     assert drops == sorted(EXPECTED.items())
     seen = keyed(recipe, ep.origins())
     assert sorted(seen) == sorted(goods), "good samples lost or repeated"
-    assert len(ep.step_rows) >= 1
-    # The run delivered real batches with the video and the interleaved images in them.
+    # Delivered batches are real VLM batches (the bad samples did not empty them).
     batches = [recipe.collate(rows) for rows in ep.step_rows]
-    assert sum(int(b["grid_thw"].shape[0]) for b in batches) > 0
+    assert len(batches) >= 2 and all(int(b["grid_thw"].shape[0]) > 0 for b in batches)
 
 
 def test_drops_and_digests_same_for_d2_and_threads(mixed, dropped_d1) -> None:
     recipe, eps = dropped_d1
     want = global_steps(recipe, eps)
-    assert want and sum(len(d) for _, d in want) > 0, "no drop in a delivered step"
+    assert len(want) >= 2 and sum(len(d) for _, d in want) > 0, "setup: steps with drops"
     for D, ex in [(2, Execution(group_size=3)),
                   (1, Execution(runner="threads", workers={"read": 2, "decode": 3}, group_size=2)),
                   (2, Execution(runner="threads", workers={"decode": 2}, group_size=1))]:
@@ -251,6 +254,35 @@ def test_process_pools_drop_and_raise_like_inline(mixed, dropped_d1) -> None:
                 next(loader)
     exc = info.value
     key = next(k for k in EXPECTED if f":{k}" in str(exc))
-    shard = Path(mixed[1] if key == "b_cut" else mixed[0]).name
+    shard = Path(mixed[-1] if key == "b_cut" else mixed[0]).name
     assert exc.reason == EXPECTED[key], str(exc)
     assert f"{shard}:{key}" in str(exc), str(exc)
+
+
+def test_resume_keeps_the_drop_record(mixed, dropped_d1) -> None:
+    """Save after step 1 on D=1, restore from JSON on D=2: same batches and drops after it."""
+    import json
+
+    from zephon_core.checkpoint import merge_states
+
+    recipe, eps = dropped_d1
+    want = global_steps(recipe, eps)
+    assert len(want) >= 2, "setup: the mixed data must give at least two global steps"
+    with Loader(recipe_for(mixed, "drop"), 0, 1) as first:
+        first.next_rows()
+        blob = json.dumps(merge_states([first.local_state_dict()]))
+    recipe2 = recipe_for(mixed, "drop")
+    loaders = [Loader(recipe2, d, 2) for d in range(2)]
+    for loader in loaders:
+        loader.load_state_dict(json.loads(blob))
+    eps2 = [run_epoch(loader) for loader in loaders]
+    got = global_steps(recipe2, eps2)
+    assert got == want[1:]
+    # Drops decided before the save were delivered with step 0; the rest come after it.
+    after = sorted(d for e in eps2 for d in e.drops())
+    before = sorted(eps[0].metas[0].drops)
+    assert sorted(before + after) == sorted(eps[0].drops())
+    # ... and every sample not delivered before the save is in a row after it, once.
+    delivered = [o for row in eps[0].metas[0].rows for o, _, _ in row]
+    assert sorted(delivered + [o for e in eps2 for o in e.origins()]) == \
+        sorted(eps[0].origins())

@@ -9,6 +9,7 @@ the same per-step SHA-256.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -61,7 +62,8 @@ def test_local_batches_concatenate_to_the_global_batch(shards, ref, D: int) -> N
     """Rank d's local batch is its lanes' rows; ranks 0..D-1 concatenated = the global batch."""
     recipe = make_recipe(shards)
     ex = KNOBS[D]
-    loaders = [Loader(recipe, d, D, ex) for d in range(D)]
+    # D=4 also runs the optional background driver thread (collates ahead of the consumer).
+    loaders = [Loader(recipe, d, D, ex, background=D == 4) for d in range(D)]
     try:
         for d, loader in enumerate(loaders):
             per = NUM_LANES // D
@@ -125,13 +127,14 @@ def test_save_on_2_resume_on_4_and_8(shards, ref) -> None:
     states: list[str] = []
     recs = list(run_digests(RecipeFactory(shards), 2, STEPS, LEAN, save_at=k,
                             resume_dp=[4, 8], on_state=states.append))
-    before = [r for r in recs if r.phase == "run"]
-    after = [r for r in recs if r.phase == f"resumed@{k}"]
-    assert [(r.step, r.dp) for r in before] == [(t, 2) for t in range(k)]
-    assert [(r.step, r.dp) for r in after] == (
+    run = [r for r in recs if r.phase == "run"]
+    resumed = [r for r in recs if r.phase == f"resumed@{k}"]
+    assert len(run) + len(resumed) == len(recs)
+    assert [(r.step, r.dp) for r in run] == [(t, 2) for t in range(STEPS)]
+    assert [(r.step, r.dp) for r in resumed] == (
         [(t, 4) for t in range(k, STEPS)] + [(t, 8) for t in range(k, STEPS)])
-    assert [r.sha256 for r in before] == ref.digests[:k]
-    assert [r.sha256 for r in after] == ref.digests[k:] * 2
+    assert [r.sha256 for r in run] == ref.digests
+    assert [r.sha256 for r in resumed] == ref.digests[k:] * 2
     # The checkpoint is data: plain JSON holding every lane, with the recipe fingerprint.
     assert len(states) == 1
     state = json.loads(states[0])
@@ -141,36 +144,71 @@ def test_save_on_2_resume_on_4_and_8(shards, ref) -> None:
     assert json.loads(json.dumps(state)) == state
 
 
-def test_every_rank_ends_at_the_same_step(tmp_path, tmp_path_factory) -> None:
-    """At the end of a finite run, every rank yields as many local batches as D=1 has steps.
+def test_background_loaders_save_what_the_consumer_received(shards, ref) -> None:
+    """With the background driver thread running ahead, state_dict() is still the state
+    after the last batch the consumer took: restored on D=4, the next batches follow it."""
+    from zephon_core.checkpoint import merge_states
 
-    Three samples over L=2 lanes: lane 0 gets two, lane 1 one; each sample fills
-    more than half a row, so lane 0 packs two rows and lane 1 one. The global
-    batch of step 1 does not exist (lane 1 has no row for it), so no rank may
-    deliver a local batch for it: a rank that does trains a step its peers
-    never reach (a hang at the next collective in a real job).
+    k = 1
+    ex = Execution(group_size=2, prefetch=2, prefetch_steps=2)
+    src = [Loader(make_recipe(shards), d, 2, ex, background=True) for d in range(2)]
+    try:
+        for _ in range(k):
+            for loader in src:
+                next(loader)
+        # Let the driver threads run ahead of the consumer (`_produced`: steps made so far).
+        deadline = time.monotonic() + 60
+        while any(ld._produced <= k for ld in src) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(ld._produced > k for ld in src), "the driver threads did not run ahead"
+        blob = json.dumps(merge_states([ld.state_dict() for ld in src]))
+    finally:
+        for loader in src:
+            loader.close()
+    assert json.loads(blob)["step"] == k
+    dst = [Loader(make_recipe(shards), d, 4, LEAN) for d in range(4)]
+    try:
+        for loader in dst:
+            loader.load_state_dict(json.loads(blob))
+        for t in range(k, STEPS):
+            local = [next(loader) for loader in dst]
+            for key in TENSOR_KEYS:
+                assert torch.equal(torch.cat([b[key] for b in local]), ref.batches[t][key]), \
+                    (t, key)
+    finally:
+        for loader in dst:
+            loader.close()
+
+
+@pytest.mark.slow
+def test_every_rank_ends_at_the_same_step(tmp_path) -> None:
+    """At the end of a finite run, every rank of a torch.distributed job yields as many
+    local batches as the global run has steps.
+
+    Three documents over L=2 lanes: lane 0 gets two, lane 1 one, and each fills
+    more than half a row, so lane 0 packs two rows and lane 1 one. Global step 1
+    does not exist (lane 1 has no row for it), so no rank may deliver a local
+    batch for it: a rank that does runs a training step its peers never reach,
+    and hangs at that step's first collective.
     """
-    from _vl_helpers import demo_samples_by_kind, run_epoch, text_ids
+    import multiprocessing as mp
 
-    from zephon_vl.shard_writer import write_shards
+    from _vl_helpers import count_batches_job, run_epoch, uneven_lanes_recipe
 
-    caps = demo_samples_by_kind(tmp_path_factory)["caption"][:3]
-    samples = []
-    for i, s in enumerate(caps):
-        text = s["txt"].decode()
-        while len(text_ids(text)) < 600:
-            text += " " + s["txt"].decode()
-        samples.append({"__key__": f"long{i}", "jpg": s["jpg"], "txt": text})
-    shards = [str(p) for p in write_shards(samples, tmp_path, samples_per_shard=10)]
-
-    def epochs(D: int) -> list:
-        recipe = make_recipe(shards, num_lanes=2, global_batch_size=2, epochs=1)
-        return [run_epoch(Loader(recipe, d, D)) for d in range(D)]
-
-    def steps(D: int) -> list[int]:
-        return [len(e.step_rows) for e in epochs(D)]
-
-    (one,) = epochs(1)
+    one = run_epoch(Loader(uneven_lanes_recipe(), 0, 1))
     assert len(one.step_rows) == 1
     assert one.end_of_data == [(0, 1), (1, 0)], "setup: lane 0 must hold one more row"
-    assert steps(2) == [1, 1], "ranks disagree on the number of steps at the end of the data"
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=count_batches_job,
+                         args=(r, 2, str(tmp_path / "init"), str(tmp_path)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    counts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert counts == [1, 1], f"ranks yield {counts} batches; the global run has 1 step"

@@ -217,3 +217,47 @@ def test_max_images_drops_documents_over_the_limit(tmp_path, tmp_path_factory) -
     for rows in ep.step_rows:
         batch = recipe.collate(rows)
         assert int((batch["input"] == sp.vision_start).sum(dim=1).max()) <= 2
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+def test_overlong_documents_never_cut_an_image(tmp_path, tmp_path_factory, overlong) -> None:
+    """A 3-image document longer than S: dropped as over_length, or cut between pieces."""
+    seq_len = 256
+    by_kind = demo_samples_by_kind(tmp_path_factory)
+    vision_tokens = {}
+    for i, s in enumerate(by_kind["interleaved"]):
+        vision_tokens[i] = [int(np.prod(g)) // MERGE ** 2 + 2 for _, g, _ in expected_vision(s)]
+    # a document whose images alone need more than S tokens, but whose first image fits
+    i = next(i for i, v in vision_tokens.items() if sum(v) > seq_len and len(v) == 3)
+    samples = [{"__key__": "long", **by_kind["interleaved"][i]}] + [
+        {"__key__": f"cap{j}", **s} for j, s in enumerate(by_kind["caption"][:3])]
+    shards = [str(p) for p in write_shards(samples, tmp_path, samples_per_shard=100)]
+    recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, seq_len=seq_len,
+                         overlong=overlong, epochs=1, shuffle_buffer=0)
+    reader = recipe.datasets[0].reader
+    ep = run_epoch(Loader(recipe, 0, 1))
+    drops = [(reader.key(o.shard, o.index), reason) for o, reason in ep.drops()]
+    keys = sorted(reader.key(o.shard, o.index) for o in ep.origins())
+    if overlong == "drop":
+        assert drops == [("long", "over_length")]
+        assert keys == ["cap0", "cap1", "cap2"]
+        return
+    assert drops == [] and keys == ["cap0", "cap1", "cap2", "long"]
+    sp = special()
+    rows = [row for step in ep.step_rows for row in step] + ep.left_rows
+    (row,) = [r for r in rows if any(reader.key(s.origin.shard, s.origin.index) == "long"
+                                     for s in r.segments)]
+    batch = {k: v.numpy() for k, v in recipe.collate([row]).items()}
+    spans = vision_spans(batch["input"][0])
+    assert len(spans) == len(batch["grid_thw"])
+    for (s, e), g in zip(spans, batch["grid_thw"], strict=True):
+        assert e - s - 1 == int(np.prod(g)) // MERGE ** 2
+    seg = next(s for s in row.segments if reader.key(s.origin.shard, s.origin.index) == "long")
+    toks = np.asarray(seg.payload["tokens"])
+    assert len(toks) <= seq_len
+    kept = int((toks == sp.vision_start).sum())
+    assert kept == int((toks == sp.vision_end).sum()) and 0 < kept < 3
+    assert seg.payload["costs"]["images"] == kept == len(seg.payload["grid_thw"])
+    want = expected_vision(by_kind["interleaved"][i])[:kept]
+    for (_, g, _), got in zip(want, seg.payload["grid_thw"], strict=True):
+        assert np.array_equal(g, got)

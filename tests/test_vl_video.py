@@ -103,3 +103,20 @@ def test_video_rows_are_deterministic_across_runners(video_shards) -> None:
     _, rows_t = run(shards, Execution(runner="threads", workers={"decode": 2}, group_size=1))
     assert [batch_digest(recipe.collate([r])) for r in rows] == \
         [batch_digest(recipe.collate([r])) for r in rows_t]
+
+
+def test_worker_and_collate_normalization_agree(video_shards) -> None:
+    """normalize="worker" (float32 from the worker) gives the tensors of normalize="collate"."""
+    from dataclasses import replace
+
+    shards, _ = video_shards
+    recipe, rows = run(shards, Execution())
+    batch = recipe.collate(rows)
+    recipe_w = make_recipe(shards, num_lanes=1, global_batch_size=1, epochs=1,
+                           shuffle_buffer=0, image=replace(IMAGE, normalize="worker"))
+    ep = run_epoch(Loader(recipe_w, 0, 1))
+    rows_w = [row for step in ep.step_rows for row in step] + ep.left_rows
+    assert rows_w[0].segments[0].payload["pixel_values"][0].dtype == np.float32
+    assert rows[0].segments[0].payload["pixel_values"][0].dtype == np.uint8
+    batch_w = recipe_w.collate(rows_w)
+    assert batch_digest(batch_w) == batch_digest(batch)

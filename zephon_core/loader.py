@@ -80,6 +80,12 @@ class Loader:
                  for d in recipe.datasets]
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
+        self._end_group = None
+        if recipe.epochs is not None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self._end_group = dist.new_group(backend="gloo")
         self.background = background
         self._thread: threading.Thread | None = None
         self.step = 0
@@ -124,10 +130,9 @@ class Loader:
         ahead = self.execution.prefetch_steps
         for run in self._runs:
             run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
-        while not all(len(run.rows) >= r for run in self._runs):
+        while not (full := all(len(run.rows) >= r for run in self._runs)):
             if any(run.finished and len(run.rows) < r for run in self._runs):
-                self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
-                return None
+                break
             progressed = False
             for run in self._runs:
                 progressed |= run.pump()
@@ -137,6 +142,9 @@ class Loader:
                     raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
                                        f"lanes {self.lanes}, step {self._produced}")
                 wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+        if not self._every_rank_has_a_batch(full):
+            self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
+            return None
         rows: list[Row] = []
         drops: list[tuple[Origin, str]] = []
         snaps: dict[int, dict] = {}
@@ -153,6 +161,34 @@ class Loader:
                         drops)
         self._produced += 1
         return _Step(rows, snaps, meta)
+
+    def _every_rank_has_a_batch(self, full: bool) -> bool:
+        """With finite data, the run ends at the first step *any* rank cannot fill.
+
+        How many rows a lane yields depends on packing, so no rank can know
+        locally when another rank's lanes run out: the ranks agree (gloo MIN).
+        """
+        if self._end_group is None:
+            return full
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if full else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._end_group)
+        return bool(flag.item())
+
+    def leftover(self) -> dict:
+        """At the end of finite data: rows made but never delivered, and drops not yet reported.
+
+        Together with every `last_meta` of the run, this accounts for every
+        element the lanes consumed (exactly once, guarantee 5).
+        """
+        rows = [row for run in self._runs for row, _ in run.rows]
+        return {
+            "rows": [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
+            "drops": [d for row in rows for d in row.drops]
+                     + [d for run in self._runs for d in run.pending_drops],
+        }
 
     def _deliver(self, step: _Step) -> None:
         """The consumer has the step: its snapshots become the loader's state."""

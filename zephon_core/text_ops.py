@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -50,15 +51,60 @@ def tokenizer_identity(path: str | os.PathLike) -> dict:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
-    """A `transformers` tokenizer from a local folder (never from a hub); one per process."""
+    """A tokenizer from a local `transformers` tokenizer folder (never from a hub).
+
+    A folder with ``tokenizer.json`` is loaded straight into the Rust
+    `tokenizers` engine that backs transformers' fast tokenizers (same ids,
+    and it spares every worker process the multi-second import of
+    transformers); other folders go through ``AutoTokenizer``. One per process.
+    """
     return _load_tokenizer(str(Path(path).resolve()))
 
 
 @lru_cache(maxsize=4)
 def _load_tokenizer(path: str) -> Any:
+    if (Path(path) / "tokenizer.json").is_file():
+        return FastTokenizer(Path(path))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class FastTokenizer:
+    """The part of a transformers tokenizer zephon uses, over `tokenizers.Tokenizer`."""
+
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.bos_token_id = self._id(config.get("bos_token"))
+        self.eos_token_id = self._id(config.get("eos_token"))
+        self.pad_token_id = self._id(config.get("pad_token"))
+        self.unk_token_id = self._id(config.get("unk_token"))
+
+    def _id(self, token: Any) -> int | None:
+        text = _token_text(token)
+        return None if text is None else self._tok.token_to_id(text)
+
+    def __len__(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int | None]:
+        return [self._tok.token_to_id(t) for t in tokens]
+
+    def __call__(self, texts: str | list[str], add_special_tokens: bool = False) -> dict:
+        if isinstance(texts, str):
+            return {"input_ids": self._tok.encode(texts, add_special_tokens=add_special_tokens).ids}
+        encoded = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return {"input_ids": [e.ids for e in encoded]}
 
 
 class Tokenize(Transform):
