@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -255,6 +257,59 @@ def reference_digests(spec: Spec, steps: int) -> list[str]:
     if key not in _REFERENCE:
         _REFERENCE[key] = run_digests(spec, 1, Execution(), steps)
     return _REFERENCE[key]
+
+
+def merge_states(states: list[dict]) -> dict:
+    from zephon_core.checkpoint import merge_states as merge
+
+    return merge(states)
+
+
+def finite_rank_main(rank: int, world: int, init_file: str, spec: Spec, out: str) -> None:
+    """One real rank (a spawned process, gloo): run to the end of the data, write what it saw."""
+    import torch.distributed as dist
+
+    from zephon_core.digest import batch_digest
+    from zephon_core.loader import Loader
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        recipe = build_recipe(spec)
+        digests = []
+        with Loader(recipe, rank, world) as loader:
+            for _ in range(10_000):
+                rows = loader.next_rows()
+                if rows is None:
+                    break
+                digests.append(batch_digest(recipe.collate(rows)))
+        Path(out).write_text(json.dumps({"rank": rank, "digests": digests}))
+    finally:
+        dist.destroy_process_group()
+
+
+TIMED_OUT = object()
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """`fn()` run on a helper thread; its value, or TIMED_OUT if it has not returned in time
+    (the suite must fail, not hang, when the engine deadlocks; no pytest-timeout needed)."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            result["error"] = exc
+
+    t = threading.Thread(target=target, name="zephon-test-deadline", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        return TIMED_OUT
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def shm_leftovers() -> list[str]:

@@ -72,47 +72,52 @@ def record_step(ledger: Ledger, loader, owner: dict[Origin, int], r: int) -> Non
     ledger.add_drops(owner, meta.drops)
 
 
-def record_end(ledger: Ledger, loader, owner: dict[Origin, int], *, trailing: bool) -> None:
+def record_end(ledger: Ledger, loader, owner: dict[Origin, int], *, held: bool) -> None:
     """The remainder of a loader that returned None.
 
-    `end_of_data` counts, per lane, the rows made but not delivered; the rows
-    themselves, the drops decided after the last row (when `trailing`), the
-    elements still inside an unfinished lane and the never-drawn tail of its
-    source are not public, so they are read from the lane runs.
+    `loader.leftover()` gives the rows made but not delivered (as many per lane
+    as `end_of_data` counts) and the drops not reported by any StepMeta. With
+    `held`, also the elements still inside lanes that had not finished (in
+    flight, in shuffle buffers, in open bins) and the never-drawn tail of each
+    source, read from the lane runs (not public); without it, the public
+    `leftover()["held"]` stands for the elements inside.
     """
     counts = dict(loader.end_of_data)
     assert sorted(counts) == loader.lanes, loader.end_of_data
-    assert any(run.finished and counts[run.lane] < loader.recipe.rows_per_lane
-               for run in loader._runs), "ended although every lane could fill a step"
+    r = loader.recipe.rows_per_lane
+    left = loader.leftover()
+    assert len(left["rows"]) == sum(counts.values()), (len(left["rows"]), counts)
+    lane_of_row = [lane for lane in loader.lanes for _ in range(counts[lane])]
+    for lane, row in zip(lane_of_row, left["rows"], strict=True):
+        ledger.row_tokens.append(sum(e - s for _, s, e in row))
+        ledger.remainder.update((lane, Origin(*o)) for o, _, _ in row)
+    ledger.remainder.update((owner[Origin(*o)], Origin(*o)) for o, _ in left["drops"])
+    if not held:
+        ledger.remainder.update((owner[Origin(*o)], Origin(*o)) for o in left["held"])
+        return
+    assert any(run.finished and counts[run.lane] < r for run in loader._runs), \
+        "ended although every lane could fill a step"
     for run in loader._runs:
-        lane = run.lane
-        assert len(run.rows) == counts[lane]
-        held: list = []
-        for row, _ in run.rows:
-            held += [s.origin for s in row.segments] + [o for o, _ in row.drops]
-        if trailing:
-            held += [o for o, _ in run.pending_drops]
         snap = run.snapshot()
         inside = [o for origins in snap["pending"].values() for o in origins]
         inside += [o for acc in snap["accumulators"].values() for o in acc["buffer"]]
         inside += [seg[:5] for rows in [*snap["packer"]["bins"], *snap["packer"]["ready"]]
                    for seg in rows]
         if run.finished:
-            assert not inside, f"lane {lane} finished with elements inside: {inside[:5]}"
-        held += inside
-        ledger.remainder.update((lane, Origin(*o)) for o in held)
+            assert not inside, f"lane {run.lane} finished with elements inside: {inside[:5]}"
+        ledger.remainder.update((run.lane, Origin(*o)) for o in inside)
         drawn = run.source.state.draws
-        ledger.remainder.update((lane, o) for o, ln in owner.items() if ln == lane
+        ledger.remainder.update((run.lane, o) for o, ln in owner.items() if ln == run.lane
                                 and o.seq >= drawn)
 
 
 def run_to_end(world: World, ledger: Ledger, owner: dict[Origin, int], *,
-               trailing: bool = True, max_steps: int = 10_000) -> None:
+               held: bool = True, max_steps: int = 10_000) -> None:
     r = world.spec.rows_per_lane
     for loader in world.loaders:  # each rank to its own end
         for _ in range(max_steps):
             if loader.next_rows() is None:
-                record_end(ledger, loader, owner, trailing=trailing)
+                record_end(ledger, loader, owner, held=held)
                 break
             record_step(ledger, loader, owner, r)
         else:
@@ -235,8 +240,8 @@ def test_exactly_once_across_save_and_resume(D, D2, k):
 
 
 def test_drops_after_the_last_row_are_reported():
-    """A lane whose last documents are filtered after its last row was cut: those drops
-    must still reach the user (a StepMeta, or loader.end_of_data), not stay internal.
+    """A lane whose last document is filtered after its last row was cut: the drop is
+    reported by `leftover()` (no StepMeta can carry it).
 
     Lane 0 of 1, no shuffles, documents of exactly seq_len tokens (each one is a
     row at once); document id 3 is the last one and the filter drops it.
@@ -252,14 +257,36 @@ def test_drops_after_the_last_row_are_reported():
     with Loader(recipe) as loader:
         reported = []
         while loader.next_rows() is not None:
+            assert [len(r) for r in loader.last_meta.rows] == [1]
             reported += [(o.index, reason) for o, reason in loader.last_meta.drops]
-        if loader.last_meta is not None:
-            reported += [(o.index, reason) for o, reason in loader.last_meta.drops
-                         if (o.index, reason) not in reported]
         assert loader.step == 3  # ids 0, 1, 2 make the three rows
-        in_end = "index=3" in repr(loader.end_of_data) or "(0, 0, 0, 3" in repr(
-            loader.end_of_data)
-        assert (3, "filtered") in reported or in_end, (
-            f"the filtered last document (shard 0, index 3) is not reported: step drops "
-            f"{reported}, end_of_data {loader.end_of_data}, yet the lane holds it in its "
-            f"internal pending drops {loader._runs[0].pending_drops}")
+        assert reported == []
+        left = loader.leftover()
+        assert left["rows"] == []
+        assert [(o.index, reason) for o, reason in left["drops"]] == [(3, "filtered")]
+
+
+def test_leftover_accounts_for_every_drawn_element():
+    """Public API only: every StepMeta plus `leftover()` account for every element a lane
+    drew from its source (Loader.leftover's promise). Draws are in `seq` order, so every
+    origin up to the highest `seq` accounted for in a lane was drawn.
+
+    With this recipe lane 1 ends the run while lane 0 still holds drawn documents in
+    its shuffle buffer, open bins or in flight.
+    """
+    spec = FINITE.but(datasets=(DataSpec((200, 150), max_len=70, data_seed=2),), num_lanes=2,
+                      rows_per_lane=1, shuffle_buffer=8)
+    streams = lane_streams(spec)
+    owner = owners(streams)
+    ledger = Ledger()
+    with World(spec, 1) as w:
+        run_to_end(w, ledger, owner, held=False)
+    lost = {}
+    for lane, stream in streams.items():
+        seen = {o for (ln, o) in [*ledger.segments, *ledger.drops, *ledger.remainder]
+                if ln == lane}
+        top = max(o.seq for o in seen)
+        lost[lane] = [o.seq for o in stream if o.seq <= top and o not in seen]
+    assert lost == {lane: [] for lane in streams}, (
+        f"drawn (seq <= the lane's highest accounted seq) but neither delivered nor in "
+        f"leftover(): {lost}")

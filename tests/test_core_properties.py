@@ -13,6 +13,7 @@ from _core_helpers import (
     DataSpec,
     Spec,
     World,
+    build_recipe,
     divisors,
     reference_digests,
     run_digests,
@@ -62,7 +63,7 @@ def specs(draw: st.DrawFn) -> Spec:
 
 @st.composite
 def executions(draw: st.DrawFn) -> tuple[Execution, bool]:
-    runner = draw(st.sampled_from(["inline", "threads"]))
+    runner = draw(st.sampled_from(["inline", "threads", "auto"]))
     workers = {}
     for op in ("read", "tokens", "keep"):
         if draw(st.booleans()):
@@ -124,6 +125,32 @@ def test_digests_change_with_the_seed():
     assert len(set(ref)) == 4, "consecutive steps should differ"
     assert reference_digests(spec.but(seed=1), 4) != ref
     assert reference_digests(spec.but(num_lanes=8, rows_per_lane=1), 4) != ref
+
+
+def test_iterating_with_microbatches_gives_the_same_batches():
+    """`__next__` with microbatches=2: the microbatches of the ranks, concatenated in order,
+    are the reference global batches; a split that cannot be even is refused."""
+    import torch
+
+    from zephon_core.digest import batch_digest
+    from zephon_core.errors import ConfigError
+    from zephon_core.loader import Loader
+
+    spec = Spec()
+    ref = reference_digests(spec, 3)
+    recipe = build_recipe(spec)
+    loaders = [Loader(recipe, d, 2, microbatches=2) for d in range(2)]
+    try:
+        for t in range(3):
+            parts = [mb for loader in loaders for mb in next(loader)]
+            assert len(parts) == 4 and all(p["input"].shape == (2, spec.seq_len) for p in parts)
+            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            assert batch_digest(merged) == ref[t]
+    finally:
+        for loader in loaders:
+            loader.close()
+    with pytest.raises(ConfigError, match=r"8 rows .* 3 equal microbatches"):
+        Loader(recipe, 0, 1, microbatches=3)
 
 
 @pytest.mark.slow

@@ -149,20 +149,43 @@ def test_finite_data_runs_to_the_end_for_every_rank_count():
             assert w.step() is None  # and stays ended
 
 
-def test_finite_data_every_rank_stops_at_the_same_step():
-    """The end of the data is a global decision: at the step where the D=1 run ends,
-    every rank of every D must end too (a rank that yields one more local batch
-    than its peers makes a distributed job hang in its next collective)."""
+@pytest.mark.slow
+def test_finite_data_every_real_rank_stops_at_the_same_step(tmp_path):
+    """The end of the data is a global decision: with torch.distributed (gloo, 2 spawned
+    processes), every rank ends at the step where the D=1 run ends, after the local
+    batches of the simulated D=2 run (a rank that yields one more local batch than its
+    peers makes a distributed job hang in its next collective).
+
+    Simulated ranks cannot talk to each other, so this needs real processes: with
+    FINITE, rank 1's lanes could fill one more step than rank 0's.
+    """
+    import multiprocessing as mp
+
     n = len(reference_digests(FINITE, 1000))
-    for D in divisors(FINITE.num_lanes):
-        with World(FINITE, D) as w:
-            for _ in range(n):
-                assert all(loader.next_rows() is not None for loader in w.loaders)
-            ended = [loader.next_rows() is None for loader in w.loaders]
-            assert all(ended), (f"D={D}: at step {n} (where D=1 ends), ranks "
-                                f"{[d for d, e in enumerate(ended) if not e]} still yield a "
-                                f"local batch, ranks {[d for d, e in enumerate(ended) if e]} "
-                                "have ended")
+    with World(FINITE, 2) as w:
+        local = [[] for _ in w.loaders]
+        for _ in range(n):
+            for d, loader in enumerate(w.loaders):
+                local[d].append(w.digest(loader.next_rows()))
+        alone = [loader.next_rows() is None for loader in w.loaders]
+    assert not all(alone), "FINITE no longer has ranks that could go on alone"
+    ctx = mp.get_context("spawn")
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [ctx.Process(target=helpers.finite_rank_main,
+                         args=(r, 2, str(tmp_path / "store"), FINITE, str(outs[r])))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert [p.exitcode for p in procs] == [0, 0], "a rank failed or hung"
+    got = [json.loads(o.read_text())["digests"] for o in outs]
+    assert [len(g) for g in got] == [n, n], f"ranks ended after {[len(g) for g in got]} steps"
+    assert got == local
 
 
 @pytest.mark.parametrize(("D", "D2"), [(1, 4), (4, 2), (2, 1)])
@@ -212,3 +235,37 @@ def test_restore_recomputes_only_what_was_buffered():
             recomputed = helpers.COUNTER["tokens"]
             assert 0 < recomputed <= held, (steps, recomputed, held)
             assert w2.digests(2) == ref[-2:]
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
+    """`background=True`: the driver thread runs ahead, yet the digests are the reference
+    and a checkpoint describes the last batch the consumer received."""
+    import torch
+
+    from zephon_core.digest import batch_digest
+    from zephon_core.loader import Loader
+
+    steps, k = 8, 3
+    ref = reference_digests(SPEC, steps)
+    recipe = helpers.build_recipe(SPEC)
+    ex = Execution(prefetch_steps=3)
+    loaders = [Loader(recipe, d, D, ex, background=True) for d in range(D)]
+    try:
+        iters = [iter(loader) for loader in loaders]
+
+        def global_digest() -> str:
+            parts = [next(it) for it in iters]
+            return batch_digest({name: torch.cat([p[name] for p in parts])
+                                 for name in parts[0]})
+
+        assert [global_digest() for _ in range(k)] == ref[:k]
+        state = json.loads(json.dumps(helpers.merge_states(
+            [loader.local_state_dict() for loader in loaders])))
+        assert state["step"] == k
+        assert [global_digest() for _ in range(steps - k)] == ref[k:]
+    finally:
+        for loader in loaders:
+            loader.close()
+    with World(SPEC, 4, state=state) as w:
+        assert w.digests(steps - k) == ref[k:]

@@ -71,6 +71,10 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
     for key in ("fingerprint", "fingerprint_sha256", "num_lanes", "step", "lanes"):
         if key not in state:
             raise CheckpointError(f"checkpoint is truncated or corrupt: field {key!r} is missing")
+    if not isinstance(state["step"], int) or state["step"] < 0:
+        raise CheckpointError(f"checkpoint is corrupt: step is {state['step']!r}, not a count")
+    if not isinstance(state["lanes"], dict):
+        raise CheckpointError("checkpoint is corrupt: 'lanes' is not a mapping of lane states")
     if fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
         raise CheckpointError("checkpoint is corrupt: its fingerprint does not match its "
                               "fingerprint_sha256 (the file was edited or damaged)")

@@ -93,7 +93,10 @@ class LaneRun:
                 moved = True
                 origin, payload = box.popleft()
                 if isinstance(payload, Dropped):
-                    self._record_drop(origin, payload.reason)
+                    if i == self.pack_index:
+                        self._record_drop(origin, payload.reason)
+                    else:
+                        self._to_stage(i + 1, origin, payload)
                 elif i == self.pack_index:
                     refused = self.packer.push(origin, payload)
                     if refused is not None:
@@ -203,6 +206,12 @@ class LaneRun:
             start = s.index + 1
         return out
 
+    def held_origins(self) -> list[Origin]:
+        """Every element drawn from the source that has not reached a row or a drop yet."""
+        pending = [Origin(*o) for origins in self._pending().values() for o in origins]
+        held = [o for acc in self.accs.values() for o in acc.held_origins()]
+        return pending + held + self.packer.held_origins()
+
     def snapshot(self) -> dict:
         return {
             "source": self.source.state.to_json(),
@@ -227,6 +236,9 @@ class LaneRun:
         """Rebuild the lane from a snapshot; payloads are recomputed from origins."""
         try:
             self.source.state = SourceState.from_json(snap["source"])
+            if len(self.source.state.counts) != len(self.source.orders):
+                raise ValueError(f"source.counts has {len(self.source.state.counts)} entries "
+                                 f"for {len(self.source.orders)} datasets")
             self.source_done = bool(snap["source_done"])
             self.rows_emitted = int(snap["rows"])
             self.flushed = {int(i) for i in snap["flushed"]}
@@ -245,7 +257,7 @@ class LaneRun:
                                                lambda os_, i=s.index: self._recompute(os_, i))
                 start = s.index + 1
             self.packer.restore(snap["packer"], lambda os_: self._recompute(os_, self.pack_index))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CheckpointError(
                 f"lane {self.lane}: the checkpoint's lane state is corrupt or truncated "
                 f"({type(exc).__name__}: {exc}); restore from an intact checkpoint file") from None

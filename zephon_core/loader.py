@@ -80,6 +80,7 @@ class Loader:
                  for d in recipe.datasets]
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
+        self._failed: BaseException | None = None
         self._end_group = None
         if recipe.epochs is not None:
             import torch.distributed as dist
@@ -123,9 +124,21 @@ class Loader:
         return step.rows
 
     def _advance(self) -> _Step | None:
-        """Run the lanes until each has `r` more rows; take them (driver thread only)."""
+        """Run the lanes; a failure leaves the loader unusable rather than silently short."""
         if self._closed:
             raise RuntimeError("the loader is closed")
+        if self._failed is not None:
+            raise RuntimeError("the loader stopped on an error at step "
+                               f"{self._produced}: {self._failed}; load a checkpoint "
+                               "(load_state_dict) to continue") from self._failed
+        try:
+            return self._advance_lanes()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _advance_lanes(self) -> _Step | None:
+        """Run the lanes until each has `r` more rows; take them (driver thread only)."""
         r = self.recipe.rows_per_lane
         ahead = self.execution.prefetch_steps
         for run in self._runs:
@@ -178,7 +191,11 @@ class Loader:
         return bool(flag.item())
 
     def leftover(self) -> dict:
-        """At the end of finite data: rows made but never delivered, and drops not yet reported.
+        """At the end of finite data: what the lanes drew but never delivered.
+
+        ``rows``: rows made but not delivered; ``drops``: drops not yet
+        reported; ``held``: elements still buffered or in flight in lanes
+        that had not finished.
 
         Together with every `last_meta` of the run, this accounts for every
         element the lanes consumed (exactly once, guarantee 5).
@@ -188,6 +205,7 @@ class Loader:
             "rows": [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
             "drops": [d for row in rows for d in row.drops]
                      + [d for run in self._runs for d in run.pending_drops],
+            "held": [o for run in self._runs for o in run.held_origins()],
         }
 
     def _deliver(self, step: _Step) -> None:
@@ -281,6 +299,7 @@ class Loader:
         self._stop_background()
         snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
         self.step = self._produced = int(state["step"])
+        self._failed = None
         self._build_lanes(snaps)
 
     # --- lifecycle -----------------------------------------------------------

@@ -65,6 +65,10 @@ class Accumulator(ABC):
         """JSON state; elements appear as origins (lists of ints) only."""
 
     @abstractmethod
+    def held_origins(self) -> list[Origin]:
+        """Origins of the elements it holds."""
+
+    @abstractmethod
     def restore(self, state: dict, recompute: Recompute) -> None:
         """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
 

@@ -172,6 +172,14 @@ class Packer:
         return {"bins": [segs(b.segments) for b in self.bins],
                 "ready": [segs(r) for r in self.ready], "truncated": self.truncated}
 
+    def held_origins(self) -> list[Origin]:
+        """Documents in open bins or ready rows (a split document once)."""
+        seen: dict[int, Origin] = {}
+        for segments in [b.segments for b in self.bins] + list(self.ready):
+            for seg in segments:
+                seen.setdefault(seg.origin.seq, seg.origin)
+        return list(seen.values())
+
     def restore(self, state: dict, recompute: Recompute) -> None:
         origins: dict[int, Origin] = {}
         for rows in [*state["bins"], *state["ready"]]:

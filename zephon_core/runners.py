@@ -214,12 +214,13 @@ class ProcessRunner(Runner):
                 if not self._broken and not p.is_alive() and not self._closed:
                     self._restart(i)
 
-    def _receive(self, conn: Connection) -> None:
+    def _receive(self, conn: Connection) -> bool:
+        """Take one answer from a worker; False when its pipe is closed (the worker died)."""
         i = self._conns.index(conn)
         try:
             status, task_id, payload = conn.recv()
         except (EOFError, OSError):
-            return
+            return False
         self._answered[i] = True
         self._early_deaths = 0
         with self._lock:
@@ -233,6 +234,7 @@ class ProcessRunner(Runner):
                 task.future.set_exception(exc)
         else:
             task.future.set_exception(payload)
+        return True
 
     def _restart(self, i: int) -> None:
         """A worker died: re-run its groups on a fresh worker, unless they keep killing it."""
@@ -243,8 +245,8 @@ class ProcessRunner(Runner):
         if not self._answered[i]:
             self._early_deaths += 1
         conn = self._conns[i]
-        while self._assigned[i] and conn.poll():
-            self._receive(conn)
+        while self._assigned[i] and conn.poll() and self._receive(conn):
+            pass
         with self._lock:
             lost = list(self._assigned[i])
             self._assigned[i].clear()

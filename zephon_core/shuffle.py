@@ -53,6 +53,9 @@ class _ShuffleBuffer(Accumulator):
     def state(self) -> dict:
         return {"emitted": self.emitted, "buffer": [list(o) for o, _ in self.buffer]}
 
+    def held_origins(self) -> list[Origin]:
+        return [o for o, _ in self.buffer]
+
     def restore(self, state: dict, recompute: Recompute) -> None:
         self.emitted = int(state["emitted"])
         origins = [Origin(*o) for o in state["buffer"]]
