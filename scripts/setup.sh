@@ -12,6 +12,12 @@ if [ -f "$stamp" ] && $PY -c 'import zephon_vl, torch, transformers, av, grain, 
 fi
 $PY -m pip install -q --disable-pip-version-check torch==2.13.0
 $PY -m pip install -q --disable-pip-version-check -e ".[all]"
+# TorchTitan's qwen3_5 model imports fla (flash-linear-attention) and triton at module level.
+# On CPU zephon_vl.titan.cpu replaces their kernels, so install them without their (CUDA) deps.
+if ! $PY -c 'import fla, triton' 2>/dev/null; then
+  $PY -m pip install -q --disable-pip-version-check --no-deps \
+    triton==3.8.0 fla-core==0.5.2 flash-linear-attention==0.5.2
+fi
 if [ "$($PY -c 'import PIL; print(".post" in PIL.__version__)')" != "True" ]; then
   echo "setup: building pillow-simd with AVX2 (about a minute, once)"
   CC="cc -mavx2" $PY -m pip install -q --disable-pip-version-check --no-deps \

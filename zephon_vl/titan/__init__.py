@@ -1,0 +1,14 @@
+"""TorchTitan integration: zephon-vl as TorchTitan's dataloader.
+
+* :mod:`zephon_vl.titan.dataloader`: ``ZephonDataLoader`` (a ``BaseDataLoader``)
+  and its ``Config``, built by TorchTitan's trainer.
+* :mod:`zephon_vl.titan.qwen`: the conversion of zephon's VLM batch to the
+  ``qwen3_5`` model's forward arguments (padded patches, MRoPE positions,
+  the ``special_tokens`` dict).
+* :mod:`zephon_vl.titan.config_registry`: ready configurations for
+  ``--module zephon_vl.titan --config zephon_llama3_debug`` / ``zephon_qwen35_debug``.
+* :mod:`zephon_vl.titan.cpu`: the patches that make TorchTitan 0.3.0 run on a
+  CPU-only torch build (gloo), and ``python -m zephon_vl.titan.cpu`` to launch it.
+
+Importing this package does not import torchtitan; the submodules do.
+"""

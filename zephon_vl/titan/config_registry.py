@@ -1,0 +1,86 @@
+"""Ready TorchTitan configurations fed by zephon-vl.
+
+``--module zephon_vl.titan --config <name>``: TorchTitan's ConfigManager imports
+this module and calls ``<name>()``; CLI flags (``--training.steps 20``,
+``--dataloader.num_lanes 64``, ...) override the result.
+
+* ``zephon_llama3_debug``: TorchTitan's ``llama3`` debug model on the
+  ``text-demo`` recipe. The debug model's vocabulary (2048 ids) is far smaller
+  than the Qwen tokenizer zephon's recipes use (248,077 ids), so the model's
+  vocabulary is set to 248,320 (the ``qwen3_5`` debug model's padded size):
+  the token ids are real, never remapped or clipped. It costs 127M parameters
+  in the embedding and output layers (dim 256), cheap enough on CPU.
+* ``zephon_qwen35_debug``: TorchTitan's ``qwen3_5`` debug VLM on ``vlm-demo``,
+  with Qwen3.5's vision settings (patch 16, temporal patch 2, merge 2,
+  mean/std 0.5) and ``model_format="qwen3_5"``.
+
+Both are set up to also run on CPU under ``python -m zephon_vl.titan.cpu``
+(float32 parameters, no activation checkpointing, no validator, the
+``partial_dtensor`` SPMD backend); on GPUs override what you like.
+"""
+
+from __future__ import annotations
+
+from torchtitan.trainer import Trainer
+
+from zephon_core.assets import qwen_tokenizer_dir
+
+from .dataloader import ZephonDataLoader
+from .tiny import QWEN_VOCAB
+
+__all__ = ["QWEN_VOCAB", "zephon_llama3_debug", "zephon_qwen35_debug"]
+
+
+def _cpu_friendly(config: Trainer.Config) -> Trainer.Config:
+    # torch 2.13's FSDP2 with the spmd_types backend fails at dp > 1 on CPU
+    # ("all parameters must be DTensors on the full SPMD mesh").
+    config.parallelism.spmd_backend = "partial_dtensor"
+    config.training.mixed_precision_param = "float32"  # bf16 matmuls are slow on CPU
+    config.activation_checkpoint = None
+    config.validator.enable = False
+    return config
+
+
+def set_vocab_size(config: Trainer.Config, vocab_size: int) -> None:
+    """Resize a Decoder model config's embedding, output layer and loss to ``vocab_size``."""
+    model = config.model_spec.model
+    model.vocab_size = vocab_size
+    model.tok_embeddings.num_embeddings = vocab_size
+    model.lm_head.out_features = vocab_size
+    loss = config.loss
+    inner = getattr(loss, "loss_fn", loss)
+    if hasattr(inner, "global_vocab_size"):
+        inner.global_vocab_size = vocab_size
+
+
+def zephon_llama3_debug() -> Trainer.Config:
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    config = llama3_debugmodel()
+    set_vocab_size(config, QWEN_VOCAB)
+    config.hf_assets_path = str(qwen_tokenizer_dir())
+    config.dataloader = ZephonDataLoader.Config(recipe="text-demo", num_lanes=8,
+                                                global_batch_size=8)
+    config.training.seq_len = 128
+    config.training.local_batch_size = 2
+    config.training.global_batch_size = 8  # = dataloader.global_batch_size; D in {1, 2, 4}
+    return _cpu_friendly(config)
+
+
+def zephon_qwen35_debug() -> Trainer.Config:
+    # imported lazily: qwen3_5 needs fla + triton (and its registry imports torchvision)
+    from torchtitan.components.tokenizer import MultiModalTokenizer
+    from torchtitan.models.qwen3_5 import QWEN3_5_SPECIAL_TOKENS
+    from torchtitan.models.qwen3_5.config_registry import qwen35_debugmodel
+
+    config = qwen35_debugmodel()
+    config.hf_assets_path = str(qwen_tokenizer_dir())
+    config.tokenizer = MultiModalTokenizer.Config(**QWEN3_5_SPECIAL_TOKENS)
+    config.dataloader = ZephonDataLoader.Config(recipe="vlm-demo", num_lanes=8,
+                                                global_batch_size=8,
+                                                model_format="qwen3_5",
+                                                image_preset="qwen3_5")
+    config.training.seq_len = 512
+    config.training.local_batch_size = 1
+    config.training.global_batch_size = 8  # = dataloader.global_batch_size; D in {1, 2, 4, 8}
+    return _cpu_friendly(config)

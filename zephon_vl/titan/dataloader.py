@@ -1,0 +1,347 @@
+"""``ZephonDataLoader``: zephon-vl as TorchTitan 0.3.0's dataloader.
+
+TorchTitan's trainer builds it with::
+
+    config.dataloader.build(dp_world_size=..., dp_rank=..., tokenizer=...,
+                            seq_len=..., local_batch_size=...,
+                            snapshot_every_n_steps=...)
+
+and iterates ``(input_dict, labels)`` pairs: ``input_dict["input"]`` is the
+token tensor, every other key is a keyword argument of the model's forward
+(``positions`` restart at 0 at every document, so the trainer builds
+document-causal masks from them; labels are -100 where there is no target).
+
+Geometry. ``global_batch_size`` (``G``, rows per optimizer step; 0 means
+``local_batch_size * dp_world_size``) is zephon's global batch, and must equal
+TorchTitan's ``training.global_batch_size`` (whose default, -1, is exactly
+``local_batch_size * dp_world_size``). Each rank's local batch, ``G / D`` rows, is
+cut into ``G / (D * local_batch_size)`` micro-batches of ``local_batch_size``
+rows: TorchTitan's gradient-accumulation steps. TorchTitan's ``seq_len`` is the
+recipe's context length.
+
+Checkpoint. ``state_dict()`` returns ``{"zephon_state": <JSON>}``: zephon's
+*global* state (all lanes, gathered over gloo), the same bytes on every rank,
+which is what TorchTitan's distributed checkpoint needs (DCP keeps one copy of
+a key that every rank saves). Before returning it, the ranks compare SHA-256s
+of it and raise if any differs. ``load_state_dict`` restores it on any rank
+count that divides the lane count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+
+from zephon_core.errors import CheckpointError, ConfigError
+from zephon_core.loader import Loader
+from zephon_core.pipeline import Execution
+from zephon_core.recipes import load_recipe
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "zephon_state"
+STATE_FORMAT = "zephon-titan-dataloader"
+STATE_VERSION = 1
+MODEL_FORMATS = ("text", "qwen3_5")
+
+
+def parse_workers(spec: str) -> dict[str, int]:
+    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}``."""
+    out: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ConfigError(f"workers: expected OP=N items separated by commas, got {item!r} "
+                              "(e.g. 'decode=2,tokenize=1')")
+        out[name.strip()] = int(value)
+    return out
+
+
+def _register_vl_recipes() -> None:
+    try:
+        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
+    except ImportError:  # pragma: no cover - the vl extra is missing
+        pass
+
+
+def preset_image_settings(name: str, max_pixels: int) -> Any:
+    """The ImageSettings a model family expects."""
+    from zephon_vl.image import ImageSettings
+
+    if name != "qwen3_5":
+        raise ConfigError(f"zephon dataloader: unknown image_preset {name!r}; known: qwen3_5")
+    return ImageSettings(patch_size=16, merge_size=2, temporal_patch_size=2,
+                         image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
+                         max_pixels=max_pixels)
+
+
+def check_qwen3_5_image(image: Any) -> None:
+    """Refuse a recipe whose patches the qwen3_5 vision encoder cannot take."""
+    want = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+    got = {k: getattr(image, k) for k in want}
+    if got != want:
+        raise ConfigError(
+            f"zephon dataloader: model_format='qwen3_5' needs image settings {want} "
+            f"(the qwen3_5 vision encoder's Conv3d and merger), the recipe has {got}. Set "
+            "--dataloader.image_preset qwen3_5 for a built-in recipe, or fix the [image] "
+            "table of the recipe file")
+    if tuple(image.image_mean) != (0.5, 0.5, 0.5) or tuple(image.image_std) != (0.5, 0.5, 0.5):
+        log.warning("zephon dataloader: qwen3_5 models are trained with image mean/std 0.5; "
+                    "the recipe normalizes with mean %s std %s", image.image_mean,
+                    image.image_std)
+
+
+def check_geometry(num_lanes: int, global_batch_size: int, dp_world_size: int,
+                   local_batch_size: int) -> int:
+    """Refuse geometries that cannot give every rank whole lanes and whole micro-batches.
+
+    Returns the number of micro-batches (gradient-accumulation steps) per step.
+    """
+    L, G, D, B = num_lanes, global_batch_size, dp_world_size, local_batch_size
+    if L < 1 or D < 1 or B < 1 or G < 1:
+        raise ConfigError(f"num_lanes ({L}), dp_world_size ({D}), local_batch_size ({B}) and "
+                          f"global_batch_size ({G}) must all be >= 1")
+    if L % D:
+        ok = [d for d in range(1, L + 1) if L % d == 0]
+        raise ConfigError(
+            f"zephon dataloader: {D} data-parallel ranks cannot share num_lanes={L} evenly "
+            f"(L % D = {L % D}). Use a data-parallel degree in {ok}, or set "
+            f"--dataloader.num_lanes to a multiple of every degree you will run at (e.g. 64)")
+    if G % L:
+        raise ConfigError(
+            f"zephon dataloader: global_batch_size={G} is not a multiple of num_lanes={L} "
+            f"(G % L = {G % L}); every lane gives G / L rows per step")
+    if G % (B * D):
+        raise ConfigError(
+            f"zephon dataloader: global_batch_size={G} is not divisible by local_batch_size x "
+            f"dp_world_size = {B} x {D} = {B * D}; each rank needs a whole number of "
+            "micro-batches per step. Change --training.local_batch_size or "
+            "--dataloader.global_batch_size")
+    return G // (B * D)
+
+
+class ZephonDataLoader(BaseDataLoader):
+    """Elastically deterministic zephon batches for TorchTitan's trainer."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        recipe: str = "text-demo"
+        """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file."""
+
+        num_lanes: int = 8
+        """``L``: fixed for the life of a run; every DP degree you use must divide it."""
+
+        global_batch_size: int = 0
+        """Rows per optimizer step; 0 = local_batch_size x dp_world_size. Must equal
+        TorchTitan's ``training.global_batch_size`` when that is set."""
+
+        seed: int = 0
+        infinite: bool = True
+        """TorchTitan's validator sets this. False = one pass (the recipe's ``epochs=1``)."""
+
+        model_format: str = "text"
+        """``text``: input/positions. ``qwen3_5``: plus padded pixel_values, grid_thw,
+        mrope_positions and the special_tokens dict (VLM recipes only)."""
+
+        video_mode: str = "merge"
+        """qwen3_5 only: ``merge`` (one vision-encoder call per micro-step; FSDP-safe) or
+        ``split`` (videos in pixel_values_videos); see zephon_vl.titan.qwen."""
+
+        mrope: bool = True
+        """qwen3_5 only: compute ``mrope_positions`` (the model does not)."""
+
+        image_preset: str = ""
+        """Built-in VLM recipes only: ``qwen3_5`` = Qwen3.5's vision settings (patch 16,
+        temporal patch 2, merge 2, mean/std 0.5, at most ``max_pixels`` pixels). Empty =
+        the recipe's own. A TOML recipe sets them in its ``[image]`` table."""
+
+        max_pixels: int = 128 * 32 * 32
+        """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
+
+        runner: str = "inline"
+        """Execution knob (never changes a batch): inline, threads, processes or auto."""
+
+        workers: str = ""
+        """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
+
+        default_workers: int = 1
+        group_size: int = 8
+        prefetch: int = 4
+        prefetch_steps: int = 1
+        background: bool = False
+        """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
+
+        verify_state: bool = True
+        """Compare the state's SHA-256 across ranks at every save (one small all_gather)."""
+
+    def __init__(self, config: Config, *, dp_world_size: int = 1, dp_rank: int = 0,
+                 tokenizer: Any = None, seq_len: int, local_batch_size: int,
+                 **kwargs: Any) -> None:
+        # tokenizer: zephon tokenizes with the recipe's own tokenizer (its content hash is in
+        # the checkpoint fingerprint); TorchTitan's is not used.
+        # snapshot_every_n_steps and other trainer kwargs are not needed: the state is
+        # taken at every step boundary at no cost.
+        del tokenizer, kwargs
+        self.config = config
+        if config.model_format not in MODEL_FORMATS:
+            raise ConfigError(f"zephon dataloader: model_format must be one of {MODEL_FORMATS}, "
+                              f"got {config.model_format!r}")
+        if config.video_mode not in ("merge", "split"):
+            raise ConfigError(f"zephon dataloader: video_mode must be 'merge' or 'split', got "
+                              f"{config.video_mode!r}")
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.local_batch_size = local_batch_size
+        G = config.global_batch_size or local_batch_size * dp_world_size
+        self.microbatches = check_geometry(config.num_lanes, G, dp_world_size,
+                                           local_batch_size)
+        _register_vl_recipes()
+        overrides: dict[str, Any] = {}
+        if not config.infinite:
+            overrides["epochs"] = 1
+        if config.image_preset:
+            overrides["image"] = preset_image_settings(config.image_preset, config.max_pixels)
+        self.recipe = load_recipe(config.recipe, num_lanes=config.num_lanes,
+                                  global_batch_size=G, seq_len=seq_len, seed=config.seed,
+                                  **overrides)
+        if self.recipe.seq_len != seq_len or self.recipe.global_batch_size != G:
+            raise ConfigError(f"recipe {config.recipe!r} ignored seq_len/global_batch_size "
+                              f"overrides (got S={self.recipe.seq_len}, "
+                              f"G={self.recipe.global_batch_size})")
+        collate = self.recipe.collate
+        self.is_vlm = hasattr(collate, "special")
+        if config.model_format == "qwen3_5":
+            if not self.is_vlm:
+                raise ConfigError(f"zephon dataloader: model_format='qwen3_5' needs a VLM recipe; "
+                                  f"{config.recipe!r} is text-only (use model_format='text')")
+            check_qwen3_5_image(collate.image)
+            self.merge_size = collate.image.merge_size
+            self.pad_id = collate.special.pad
+        self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
+                                   default_workers=config.default_workers,
+                                   group_size=config.group_size, prefetch=config.prefetch,
+                                   prefetch_steps=config.prefetch_steps)
+        self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
+                             microbatches=self.microbatches, background=config.background)
+        self._pending: list[dict[str, Any]] = []
+        self._warned_no_vision = False
+        log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
+
+    # --- iteration -----------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
+        while True:
+            if not self._pending:
+                try:
+                    got = next(self.loader)
+                except StopIteration:
+                    return
+                self._pending = list(got) if isinstance(got, list) else [got]
+            yield self.convert(self._pending.pop(0))
+
+    def convert(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
+        """One collated zephon micro-batch -> TorchTitan's ``(input_dict, labels)``."""
+        labels = batch["labels"]
+        if self.config.model_format == "text":
+            return {"input": batch["input"], "positions": batch["positions"]}, labels
+        from .qwen import to_qwen3_5
+
+        out = to_qwen3_5(batch, self.pad_id, self.merge_size, self.config.video_mode,
+                         self.config.mrope)
+        if "pixel_values" not in out and not self._warned_no_vision:
+            self._warned_no_vision = True
+            log.warning("zephon dataloader: rank %d got a micro-batch without images; with "
+                        "FSDP every rank must call the vision encoder the same number of times "
+                        "per micro-step (see docs/torchtitan.md)", self.dp_rank)
+        return out, labels
+
+    # --- checkpoint ------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._pending:
+            raise CheckpointError(
+                f"zephon dataloader: checkpoint requested with {len(self._pending)} of "
+                f"{self.microbatches} micro-batches of the step not consumed. TorchTitan "
+                "checkpoints at optimizer-step boundaries, so this means "
+                "training.global_batch_size differs from dataloader.global_batch_size "
+                f"({self.recipe.global_batch_size}); make them equal")
+        state = self.loader.state_dict()
+        if len(state["lanes"]) != self.recipe.num_lanes:
+            raise CheckpointError(
+                f"zephon dataloader: the state holds {len(state['lanes'])} of "
+                f"{self.recipe.num_lanes} lanes: torch.distributed is not initialized on "
+                f"{self.dp_world_size} ranks, so it cannot be gathered into a global state")
+        blob = json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION,
+                           "zephon": state}, sort_keys=True)
+        if self.config.verify_state:
+            verify_identical(blob)
+        return {STATE_KEY: blob}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict or STATE_KEY not in state_dict:
+            log.warning("zephon dataloader: no %r in the checkpoint; starting from step 0",
+                        STATE_KEY)
+            return
+        raw = state_dict[STATE_KEY]
+        if isinstance(raw, bytes | bytearray):
+            raw = raw.decode()
+        try:
+            blob = json.loads(raw)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"zephon dataloader: {STATE_KEY!r} is not JSON ({exc})") \
+                from None
+        if blob.get("format") != STATE_FORMAT or blob.get("version") != STATE_VERSION:
+            raise CheckpointError(
+                f"zephon dataloader: {STATE_KEY!r} has format {blob.get('format')!r} version "
+                f"{blob.get('version')!r}; this zephon reads {STATE_FORMAT!r} version "
+                f"{STATE_VERSION}")
+        self.loader.load_state_dict(blob["zephon"])
+        self._pending = []
+
+    @property
+    def step(self) -> int:
+        """Zephon steps (optimizer steps) delivered so far."""
+        return self.loader.step
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def verify_identical(blob: str) -> None:
+    """Raise unless every rank holds the same ``blob`` (compares SHA-256s over gloo)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    from zephon_core.checkpoint import _gloo_group
+
+    group = _gloo_group()
+    mine = torch.frombuffer(bytearray(hashlib.sha256(blob.encode()).digest()),
+                            dtype=torch.uint8).clone()
+    every = [torch.zeros(32, dtype=torch.uint8) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    digests = [bytes(t.tolist()).hex()[:16] for t in every]
+    if len(set(digests)) != 1:
+        raise CheckpointError(
+            "zephon dataloader: the ranks' dataloader states differ (SHA-256 prefixes by rank: "
+            f"{digests}); DCP would keep one of them and resume the others wrongly. This is a "
+            "bug: please report it")
+
+
+def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:
+    """The ``state_dict()`` of ranks simulated in one process (no torch.distributed).
+
+    Same content as what every rank of a real run returns; load it with
+    ``load_state_dict`` on any rank count dividing the lane count.
+    """
+    from zephon_core.checkpoint import merge_states
+
+    if any(dl._pending for dl in loaders):
+        raise CheckpointError("zephon dataloader: a simulated rank is in the middle of a step")
+    state = merge_states([dl.loader.local_state_dict() for dl in loaders])
+    return {STATE_KEY: json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION,
+                                   "zephon": state}, sort_keys=True)}

@@ -1,0 +1,170 @@
+"""zephon's collated VLM batch -> the forward arguments of TorchTitan's ``qwen3_5`` model.
+
+zephon's ``VLCollate`` gives every image and video of a batch as one flat
+``pixel_values [patches, 3*T*P*P]`` plus ``grid_thw [items, 3]``, in row order
+and, inside a row, in token order. TorchTitan's ``Qwen35Model.forward`` takes
+
+* ``pixel_values``: ``[items, max_patches, 3*T*P*P]``, zero-padded per item
+  (``max_patches`` rounded up to a multiple of ``merge_size**2``);
+* ``grid_thw``: ``[items, 3]``;
+* optionally ``pixel_values_videos`` / ``grid_thw_videos`` (same layout);
+* ``special_tokens``: a plain dict ``{"image_id", "video_id", "vision_start_id",
+  "vision_end_id", "pad_id"}`` on every batch;
+* ``mrope_positions``: ``[rows, seq_len, 3]`` (the model does not compute them:
+  without them it falls back to 1-D ``positions``, which is not Qwen's RoPE).
+
+The patch-element order of zephon's rows, ``(t, block_h, block_w, m_h, m_w)``
+rows of ``(C, T, P, P)`` values, is TorchTitan's ``patch_order="block"`` and
+transformers' Qwen2-VL order (checked in ``tests/test_titan_dataloader.py``).
+
+Videos (``video_mode``):
+
+* ``"merge"`` (default): images and videos go through ONE vision-encoder call
+  (``pixel_values``/``grid_thw`` hold both, videos with ``grid_t > 1``), and the
+  video placeholders in ``input`` are rewritten to the image placeholder id.
+  The rewritten ids are never looked up: the model overwrites every
+  placeholder embedding with the vision embedding, labels there are -100, and
+  MRoPE is computed from the true grids before the rewrite. One call per
+  micro-step is what FSDP needs: two calls (images, then videos) on a rank
+  whose micro-batch has both, against one on a rank that has only images,
+  is a collective mismatch.
+* ``"split"``: the model's native interface, videos in
+  ``pixel_values_videos``/``grid_thw_videos``. Only safe without FSDP, or
+  when every rank's micro-batch has the same kinds of media.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id",
+                "vision_end_token_id")
+
+
+def special_tokens_dict(batch: dict[str, Any], pad_id: int) -> dict[str, int]:
+    return {"image_id": int(batch["image_token_id"]), "video_id": int(batch["video_token_id"]),
+            "vision_start_id": int(batch["vision_start_token_id"]),
+            "vision_end_id": int(batch["vision_end_token_id"]), "pad_id": int(pad_id)}
+
+
+def _item_kinds(tokens: torch.Tensor, grid_thw: torch.Tensor, merge: int,
+                image_id: int, video_id: int) -> list[bool]:
+    """For each vision item (in zephon's order), True when it is a video.
+
+    Items follow the placeholder runs of ``tokens`` in row-major order; item
+    ``k`` covers ``prod(grid_thw[k]) / merge**2`` placeholders.
+    """
+    flat = tokens.reshape(-1)
+    where = torch.nonzero((flat == image_id) | (flat == video_id)).reshape(-1)
+    counts = (grid_thw.prod(-1) // (merge * merge)).tolist()
+    if sum(counts) != where.numel():
+        raise ValueError(f"zephon batch is inconsistent: {where.numel()} vision placeholders "
+                         f"but grid_thw accounts for {sum(counts)}")
+    kinds, offset = [], 0
+    for n in counts:
+        kinds.append(bool(flat[where[offset]] == video_id))
+        offset += n
+    return kinds
+
+
+def pad_items(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+              merge: int) -> torch.Tensor:
+    """Flat ``[patches, D]`` -> ``[items, max_patches, D]`` zero-padded per item."""
+    sizes = grid_thw.prod(-1).tolist()
+    unit = merge * merge
+    longest = max(sizes)
+    longest = -(-longest // unit) * unit
+    out = pixel_values.new_zeros(len(sizes), longest, pixel_values.shape[-1])
+    offset = 0
+    for i, n in enumerate(sizes):
+        out[i, :n] = pixel_values[offset:offset + n]
+        offset += n
+    if offset != pixel_values.shape[0]:
+        raise ValueError(f"zephon batch is inconsistent: {pixel_values.shape[0]} patch rows "
+                         f"but grid_thw accounts for {offset}")
+    return out
+
+
+def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: torch.Tensor,
+                    merge: int, image_id: int, video_id: int) -> torch.Tensor:
+    """Qwen2-VL style 3-D positions ``[rows, seq_len, 3]``, restarting at every document.
+
+    Inside a document: text tokens get ``p`` on all three axes; a vision item
+    of merged grid ``(t, h, w)`` starting after ``n`` positions gets
+    ``(n + t_i, n + h_i, n + w_i)``; the text after it continues at
+    ``max + 1``. Documents start where ``positions`` resets (zephon restarts
+    positions at 0 per document). For images this is exactly what
+    TorchTitan's ``MultiModalCollator._build_mrope_positions`` computes (a
+    test checks it); videos use the plain temporal index ``t_i`` (Qwen2-VL),
+    not timestamps.
+    """
+    rows, seq = tokens.shape
+    out = torch.zeros(rows, seq, 3, dtype=torch.int64)
+    grids = grid_thw.tolist()
+    item = 0
+    for b in range(rows):
+        tok = tokens[b].tolist()
+        pos = positions[b].tolist()
+        i = 0
+        nxt = 0  # next free position in the current document
+        while i < seq:
+            if i > 0 and pos[i] < pos[i - 1]:
+                nxt = 0  # a new document starts
+            if tok[i] == image_id or tok[i] == video_id:
+                t, h, w = grids[item]
+                item += 1
+                h, w = h // merge, w // merge
+                n = t * h * w
+                ti = torch.arange(t).repeat_interleave(h * w)
+                hi = torch.arange(h).repeat_interleave(w).repeat(t)
+                wi = torch.arange(w).repeat(t * h)
+                grid = torch.stack([ti, hi, wi], -1) + nxt
+                out[b, i:i + n] = grid[: seq - i]
+                nxt = int(grid.max()) + 1
+                i += n
+                continue
+            out[b, i] = nxt
+            nxt += 1
+            i += 1
+    if item != len(grids):
+        raise ValueError(f"zephon batch is inconsistent: {item} vision runs for "
+                         f"{len(grids)} grid_thw entries")
+    return out
+
+
+def to_qwen3_5(batch: dict[str, Any], pad_id: int, merge: int = 2,
+               video_mode: str = "merge", with_mrope: bool = True) -> dict[str, Any]:
+    """zephon ``VLCollate`` output (no labels) -> ``input`` + ``Qwen35Model.forward`` kwargs."""
+    special = special_tokens_dict(batch, pad_id)
+    tokens, positions = batch["input"], batch["positions"]
+    grid = batch["grid_thw"]
+    out: dict[str, Any] = {"input": tokens, "positions": positions}
+    if grid.shape[0]:
+        image_id, video_id = special["image_id"], special["video_id"]
+        if with_mrope:
+            out["mrope_positions"] = mrope_positions(tokens, positions, grid, merge,
+                                                     image_id, video_id)
+        padded = pad_items(batch["pixel_values"], grid, merge)
+        if video_mode == "merge":
+            out["input"] = torch.where(tokens == video_id, image_id, tokens)
+            out["pixel_values"], out["grid_thw"] = padded, grid
+        elif video_mode == "split":
+            kinds = torch.tensor(_item_kinds(tokens, grid, merge, image_id, video_id))
+            if (~kinds).any():
+                out["pixel_values"] = _repad(padded[~kinds], grid[~kinds], merge)
+                out["grid_thw"] = grid[~kinds]
+            if kinds.any():
+                out["pixel_values_videos"] = _repad(padded[kinds], grid[kinds], merge)
+                out["grid_thw_videos"] = grid[kinds]
+        else:
+            raise ValueError(f"video_mode must be 'merge' or 'split', got {video_mode!r}")
+    out["special_tokens"] = special
+    return out
+
+
+def _repad(padded: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor:
+    unit = merge * merge
+    longest = -(-int(grid.prod(-1).max()) // unit) * unit
+    return padded[:, :longest].contiguous()
