@@ -36,6 +36,20 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefetch-steps", type=int, default=1)
 
 
+def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
+    """Digests of each step side by side, one column per run; True if every row agrees."""
+    width = max(18, *(len(c) + 2 for c in cols))
+    print("step  " + "  ".join(f"{c:<{width}}" for c in cols) + "  same")
+    ok = True
+    for t in sorted(table):
+        row = table[t]
+        same = len(set(row.values())) == 1
+        ok &= same
+        print(f"{t:<5} " + "  ".join(f"{row.get(c, '-')[:16]:<{width}}" for c in cols)
+              + f"  {'yes' if same else 'NO'}")
+    return ok
+
+
 def _pairs(items: list[str], cast: Callable) -> dict:
     out = {}
     for item in items:

@@ -16,7 +16,7 @@ import time
 from zephon_core.pipeline import Plan
 from zephon_core.simulate import SimulatedRanks
 
-from .cli import add_execution_args, command, execution_from
+from .cli import add_execution_args, command, execution_from, print_digest_table
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -88,15 +88,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         for r in runners.values():
             r.close()
-    cols = [f"D={args.dp}"] + [f"D={d}" for d in resume]
-    print("\nstep  " + "  ".join(f"{c:<18}" for c in cols) + "  same")
-    ok = True
-    for t in sorted(table):
-        row = table[t]
-        same = len(set(row.values())) == 1
-        ok &= same
-        print(f"{t:<5} " + "  ".join(f"{row.get(c, '-')[:16]:<18}" for c in cols)
-              + f"  {'yes' if same else 'NO'}")
+    print()
+    ok = print_digest_table(table, [f"D={args.dp}"] + [f"D={d}" for d in resume])
     summary = {
         "ok": ok, "steps": args.steps, "save_at": args.save_at, "lanes": args.lanes,
         "samples_per_s": samples / steady if steady else 0.0,

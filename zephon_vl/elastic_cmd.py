@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cli import command
+from .cli import command, print_digest_table
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -89,14 +89,7 @@ def cmd_elastic(args: argparse.Namespace) -> int:
     table = _torchrun(args, resume) if args.torchrun else _simulated(args, resume)
     cols = sorted({c for row in table.values() for c in row},
                   key=lambda c: (c.endswith("(resumed)"), int(c.split()[0][2:])))
-    print("step  " + "  ".join(f"{c:<22}" for c in cols) + "  same")
-    ok = True
-    for t in sorted(table):
-        row = table[t]
-        same = len(set(row.values())) == 1
-        ok &= same
-        print(f"{t:<5} " + "  ".join(f"{row.get(c, '-')[:16]:<22}" for c in cols)
-              + f"  {'yes' if same else 'NO'}")
+    ok = print_digest_table(table, cols)
     print(f"{'all global batches identical' if ok else 'MISMATCH'} "
           f"(L={args.lanes}, saved at D={args.save_dp} after step {args.save_at - 1}, "
           f"resumed at D={args.resume_dp})")
