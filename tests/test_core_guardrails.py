@@ -300,3 +300,27 @@ def test_digests_depend_on_the_data():
     assert run_digests(BASE, 1, Execution(), 3) != run_digests(
         BASE.but(datasets=(DataSpec((12, 7, 20), data_seed=2), BASE.datasets[1])), 1,
         Execution(), 3)
+
+
+def test_a_recipe_that_drops_everything_raises_instead_of_spinning():
+    """Infinite data where every document is dropped: a clear NoRowsError, not a hang."""
+    from zephon_core.errors import NoRowsError
+    from zephon_core.loader import Loader
+    from zephon_core.operators import Map
+    from zephon_core.packing import Pack
+    from zephon_core.readers import InMemoryReader
+    from zephon_core.recipe import Recipe
+    from zephon_core.sources import Dataset
+    from zephon_core.text_ops import Read
+
+    reader = InMemoryReader([[{"n": 50}] * 20])
+    ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]
+    recipe = Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2)
+    with Loader(recipe) as loader, pytest.raises(NoRowsError, match="over_length"):
+        loader.next_rows()
+
+
+def _long_doc(sample: dict) -> dict:
+    import numpy as np
+
+    return {"tokens": np.arange(sample["n"], dtype=np.int32)}

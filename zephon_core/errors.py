@@ -15,6 +15,10 @@ class CheckpointError(ZephonError):
     """A checkpoint that is corrupt, of another version, or made by another recipe."""
 
 
+class NoRowsError(ZephonError):
+    """A lane keeps drawing elements and drops every one: the recipe can never make a row."""
+
+
 class BadSampleError(ZephonError):
     """One sample cannot be turned into training data.
 

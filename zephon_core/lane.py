@@ -13,7 +13,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-from .errors import CheckpointError, ZephonError
+from .errors import CheckpointError, NoRowsError, ZephonError
 from .hashing import derive
 from .operators import Accumulator
 from .packing import Packer, Row
@@ -74,6 +74,8 @@ class LaneRun:
         self.source_done = False
         self.flushed: set[int] = set()
         self.finished = False
+        self.draws_since_row = 0
+        self.stall_limit = 4 * sum(o.total for o in source.orders) + 1024
 
     # --- moving elements ---------------------------------------------------
     def _to_stage(self, i: int, origin: Origin, payload: Any) -> None:
@@ -109,6 +111,7 @@ class LaneRun:
 
     def _take_rows(self) -> None:
         while (row := self.packer.pop_row()) is not None:
+            self.draws_since_row = 0
             row.drops, self.pending_drops = self.pending_drops, []
             self.rows_emitted += 1
             snap = self.snapshot() if self.rows_emitted % self.r == 0 else None
@@ -153,6 +156,12 @@ class LaneRun:
         while self._can_pull():
             origin = self.source.next()
             moved = True
+            self.draws_since_row += 1
+            if self.draws_since_row > self.stall_limit:
+                raise NoRowsError(
+                    f"lane {self.lane} drew {self.draws_since_row} elements since its last row "
+                    f"and packed none (drops so far: {self.dropped}); every element is being "
+                    "dropped: check the filters, seq_len, limits and the overlong setting")
             if origin is None:
                 self.source_done = True
                 break
