@@ -136,6 +136,7 @@ class ProcessRunner(Runner):
         self.name = name
         self.workers = workers
         self._ctx = mp.get_context(start_method)
+        shm.sweep_orphans()
         self.prefix = f"zephon-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         self._fn_bytes = pickle.dumps(fn)
         self._lock = threading.Lock()

@@ -134,3 +134,26 @@ def remove_leftovers(prefix: str) -> int:
         p.unlink(missing_ok=True)
         n += 1
     return n
+
+
+def sweep_orphans(prefix: str = "zephon-") -> int:
+    """Unlink segments left by pools whose owning process no longer exists (it was killed).
+
+    Pool prefixes are ``zephon-<owner pid>-<id>-``; a segment whose owner is
+    gone can never be received.
+    """
+    if not available():
+        return 0
+    n = 0
+    for p in SHM_DIR.glob(f"{prefix}*"):
+        owner = p.name[len(prefix):].split("-", 1)[0]
+        if not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+            n += 1
+        except PermissionError:
+            pass
+    return n
