@@ -7,6 +7,7 @@ where and when work happens; it is never part of a checkpoint fingerprint.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -19,6 +20,9 @@ from .runners import RUNNERS, Runner, make_runner
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
 
+    Process stages default to one worker per core (`default_workers=None`),
+    thread stages to one thread.
+
     `runner` is the default for every transform (``auto``: each operator's own
     preference, e.g. threads for reads and processes for decode and
     tokenize); `runners` and `workers` override it per operator name.
@@ -29,7 +33,7 @@ class Execution:
     runner: str = "inline"
     runners: dict[str, str] = field(default_factory=dict)
     workers: dict[str, int] = field(default_factory=dict)
-    default_workers: int = 1
+    default_workers: int | None = None
     group_size: int = 8
     prefetch: int = 4
     prefetch_steps: int = 1
@@ -47,8 +51,12 @@ class Execution:
         kind = self.runners.get(t.name, self.runner)
         if kind == "auto":
             kind = t.default_runner or "inline"
-        workers = self.workers.get(t.name, self.default_workers)
-        return kind, (1 if kind == "inline" else workers)
+        if kind == "inline":
+            return kind, 1
+        default = self.default_workers
+        if default is None:
+            default = (os.cpu_count() or 1) if kind == "processes" else 1
+        return kind, self.workers.get(t.name, default)
 
 
 @dataclass

@@ -171,7 +171,9 @@ class ZephonDataLoader(BaseDataLoader):
         workers: str = ""
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
 
-        default_workers: int = 1
+        default_workers: int = 0
+        """Workers of operators not named in ``workers``; 0 = one process per core."""
+
         group_size: int = 8
         prefetch: int = 4
         prefetch_steps: int = 1
@@ -224,7 +226,7 @@ class ZephonDataLoader(BaseDataLoader):
             self.merge_size = collate.image.merge_size
             self.pad_id = collate.special.pad
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
-                                   default_workers=config.default_workers,
+                                   default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch,
                                    prefetch_steps=config.prefetch_steps)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
