@@ -2,16 +2,27 @@
 
 Every runner builds the same :class:`~benchmarks.workload.Work`, starts the
 clock when the loader is constructed (so time to first batch includes worker
-start-up), and records for every batch of ``batch_rows`` rows the time, the
-samples, tokens and images in it. Rows left after the last full batch are
-drained and counted (so every loader accounts for every sample), but they are
-not part of the steady state.
+start-up) and records two curves:
+
+* *produced*: when each processed document (or zephon group of documents)
+  reached the main process, with its tokens and images. Steady-state rates
+  are measured on this curve. It is what a long run delivers: a loader that
+  holds finished documents back (zephon's lanes hold a few hundred: open
+  packer bins and prefetched rows in each of 8 lanes) delivers them later,
+  but at the same rate, so on a finite data set the *delivery* curve would
+  first lag and then burst while that backlog drains.
+* *batches*: when each batch of ``batch_rows`` packed rows was delivered
+  (time to first batch, and the check that every sample was delivered).
+
+Rows left after the last full batch are drained and counted, so every loader
+accounts for every sample.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any
@@ -29,9 +40,19 @@ class Trace:
         self.t_start = now()
         self.t_first: float | None = None
         self.events: list[list[float]] = []
+        self.produced: list[list[float]] = []
         self.tally = Tally()
         self.t_end: float | None = None
         self.extra: dict[str, Any] = {}
+
+    def produce(self, docs: list[Any]) -> None:
+        """Documents that reached the main process (Dropped ones count as samples)."""
+        t = im = 0
+        for d in docs:
+            if not isinstance(d, Dropped):
+                t += len(d["tokens"])
+                im += int(d["costs"].get("images", 0))
+        self.produced.append([now(), len(docs), t, im])
 
     def batch(self, rows: list[Row]) -> None:
         s, t, im = self.tally.add_rows(rows)
@@ -48,7 +69,8 @@ class Trace:
 
     def to_json(self) -> dict:
         return {"t_start": self.t_start, "t_first": self.t_first, "t_end": self.t_end,
-                "events": self.events, "tally": self.tally.to_json(), "extra": self.extra}
+                "events": self.events, "produced": sorted(self.produced),
+                "tally": self.tally.to_json(), "extra": self.extra}
 
 
 # --- zephon ------------------------------------------------------------------
@@ -72,17 +94,41 @@ def _drain_zephon(loader: Any) -> tuple[list[Row], int]:
     return rows, dropped
 
 
+def _watch_last_stage(loader: Any, trace: Trace) -> None:
+    """Record when each group of the stage before the packer comes back to the driver."""
+    last = max(s.index for s in loader.plan.stages if s.kind == "transform")
+    runner = loader.runners[last]
+    submit = runner.submit
+
+    def watched(elements: list) -> Any:
+        fut = submit(elements)
+        fut.add_done_callback(lambda f: f.exception() is None and trace.produce(f.result()))
+        return fut
+
+    runner.submit = watched
+
+
+def zephon_execution(cli_args: list[str]) -> Any:
+    """The `Execution` that `zephon-vl ... <cli_args>` would use: the bench's "default" is
+    exactly the command line's default, whatever it becomes."""
+    import argparse
+
+    from zephon_vl.cli import add_execution_args, execution_from
+
+    p = argparse.ArgumentParser()
+    add_execution_args(p)
+    return execution_from(p.parse_args(cli_args))
+
+
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
+    """`params["cli"]`: execution options as on the command line, e.g. ``--workers decode=2``."""
     from zephon_core.loader import Loader
-    from zephon_core.pipeline import Execution
 
     recipe = spec.recipe()
-    ex = Execution(runner=params.get("runner", "auto"), workers=dict(params.get("workers", {})),
-                   default_workers=params.get("default_workers", 1),
-                   group_size=params.get("group_size", 8), prefetch=params.get("prefetch", 4),
-                   prefetch_steps=params.get("prefetch_steps", 1))
+    ex = zephon_execution(list(params.get("cli", [])))
     trace = Trace()
     loader = Loader(recipe, 0, 1, ex)
+    _watch_last_stage(loader, trace)
     try:
         trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
                                for s in loader.plan.stages if s.kind == "transform"]
@@ -97,13 +143,30 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
 
 # --- Grain -------------------------------------------------------------------
 
+_SETUP_LOCK = threading.Lock()  # one per process: Grain's read threads share the map function
+
+
 class GrainWork:
-    """Grain map function: pointer -> (origin, document), zephon's fused operators inside."""
+    """Grain map function: pointer -> (origin, document), zephon's fused operators inside.
+
+    The operators are set up once per process under a lock: importing
+    transformers from two threads at once fails (its lazy module is not
+    thread-safe), which Grain's read threads would otherwise do.
+    """
 
     def __init__(self, work: Work) -> None:
         self.work = work
+        self._ready = False
+
+    def __getstate__(self) -> dict:
+        return {"work": self.work, "_ready": False}
 
     def __call__(self, item: tuple[int, Pointer]) -> tuple[Origin, Any]:
+        if not self._ready:
+            with _SETUP_LOCK:
+                if not self._ready:
+                    self.work.fn.setup()
+                    self._ready = True
         seq, p = item
         return self.work.process(seq, p)
 
@@ -124,6 +187,7 @@ def run_grain(spec: WorkSpec, params: dict) -> Trace:
     it = iter(ids)
     try:
         for origin, doc in it:
+            trace.produce([doc])
             for rows in batcher.push(origin, doc):
                 trace.batch(rows)
         trace.tail(batcher.finish(), batcher.dropped)
@@ -177,6 +241,7 @@ def run_torch(spec: WorkSpec, params: dict) -> Trace:
                     num_workers=workers, collate_fn=_list_collate, **kwargs)
     for items in dl:
         for origin, doc in items:
+            trace.produce([doc])
             if not isinstance(doc, Dropped):
                 doc = {**doc, "pixel_values": [p.numpy() for p in doc["pixel_values"]]}
             for rows in batcher.push(origin, doc):
@@ -226,8 +291,8 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
     done.sort(key=lambda x: x[0])
     trace.t_end = done[-1][0]
     trace.t_first = done[0][0]
-    trace.events = [[t, 1, len(d["tokens"]), int(d["costs"].get("images", 0))]
-                    for t, _, d in done if d is not None]
+    trace.produced = [[t, 1, len(d["tokens"]), int(d["costs"].get("images", 0))]
+                      if d is not None else [t, 1, 0, 0] for t, _, d in done]
     # replay the packer on the stand-ins (untimed): the same rows and drops a loader gives
     batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
     rows: list[Row] = []
@@ -240,7 +305,6 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
     trace.tally.add_rows(rows)
     trace.tally.dropped = batcher.dropped
     trace.extra["processes"] = procs_n
-    trace.extra["per_sample_events"] = True
     return trace
 
 

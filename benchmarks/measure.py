@@ -111,19 +111,19 @@ class TreeMonitor(threading.Thread):
         self.poll()
 
 
-def steady_window(events: list[list[float]], total: int, warm_frac: float = 0.2,
-                  end_frac: float = 0.95) -> tuple[int, int]:
+def steady_window(events: list[list[float]], warm_frac: float = 0.2,
+                  end_frac: float = 0.9) -> tuple[int, int]:
     """Indices (a, b) of the events bounding the steady state: events (a, b] are measured.
 
-    Warm-up: the first batch and at least `warm_frac` of all samples (the
-    ramp while buffers fill). The end: no event past `end_frac` of all samples
-    (the ramp-down while the last workers finish). `total` counts every
-    sample, the drained tail included, which has no event of its own.
+    Warm-up: the first event and at least `warm_frac` of the samples (worker
+    start-up, caches). The end: nothing past `end_frac` of the samples (the
+    ramp-down while the last workers run out of work).
     """
     n = len(events)
     if n < 2:
         return 0, max(n - 1, 0)
     cum = np.cumsum([e[1] for e in events])
+    total = cum[-1]
     a = max(int(np.searchsorted(cum, warm_frac * total)), 0)
     b = int(np.searchsorted(cum, end_frac * total, side="right")) - 1
     a = min(a, n - 2)
@@ -131,12 +131,12 @@ def steady_window(events: list[list[float]], total: int, warm_frac: float = 0.2,
     return a, b
 
 
-def metrics(result: dict, series: Series, warm_frac: float = 0.2) -> dict:
-    """The figures of one run from its batch events and the monitor's series."""
-    ev = result["events"]
+def metrics(result: dict, series: Series, warm_frac: float = 0.2,
+            end_frac: float = 0.9) -> dict:
+    """The figures of one run from its production curve, batch times and the monitor's series."""
+    ev = result["produced"]
     t0, t_end = result["t_start"], result["t_end"]
-    a, b = steady_window(ev, sum(e[1] for e in ev) + result["extra"].get("tail", {}).get(
-        "samples", 0), warm_frac)
+    a, b = steady_window(ev, warm_frac, end_frac)
     win = ev[a + 1:b + 1]
     ta, tb = ev[a][0], ev[b][0]
     dt = max(tb - ta, 1e-9)

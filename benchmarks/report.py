@@ -23,13 +23,12 @@ def markdown(report: dict) -> str:
         f"draft {s['draft']}, PIL {m['pillow_backend']}; medians of {report['reps']} rep(s).",
         "",
         "| loader | configuration | samples/s | tokens/s | images/s | first batch s "
-        "| CPU ms/sample | cores used | peak RSS MB | outside load | runs ok/disturbed |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
+        "| CPU ms/sample | cores used | peak RSS MB | peak shm MB | outside load "
+        "| runs ok/disturbed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
     ]
     best = {v for v in report["best"].values()}
     for c in report["configs"]:
-        if c.get("scaling_only"):
-            continue
         med = c["median"]
         name = f"**{c['name']}**" if c["name"] in best else c["name"]
         cpu = med.get("cpu_s_per_sample")
@@ -38,12 +37,16 @@ def markdown(report: dict) -> str:
             f"| {_f(med.get('tokens_per_s'), 0)} | {_f(med.get('images_per_s'))} "
             f"| {_f(med.get('ttfb_s'), 2)} | {_f(None if cpu is None else 1000 * cpu)} "
             f"| {_f(med.get('cores_used'), 2)} | {_f(med.get('peak_rss_mb'), 0)} "
+            f"| {_f(med.get('peak_shm_mb'), 0)} "
             f"| {_f(None if med.get('outside_load') is None else 100 * med['outside_load'], 0)}% "
             f"| {c['runs_ok']}/{c['runs_disturbed']} |")
     lines += ["", f"**ratio_vs_grain = {_f(report['ratio_vs_grain'], 2)}**, "
               f"**ratio_vs_limit = {_f(report['ratio_vs_limit'], 2)}**, "
               f"ratio_vs_torch = {_f(report.get('ratio_vs_torch'), 2)} "
-              "(best samples/s over best samples/s; bold rows are each loader's best)."]
+              "(best samples/s over best samples/s; bold rows are each loader's best). "
+              "CPU per sample of zephon's best: "
+              f"{_f(report.get('cpu_per_sample_vs_grain'), 2)}x Grain's best, "
+              f"{_f(report.get('cpu_per_sample_vs_limit'), 2)}x the raw limit's."]
     if report.get("scaling"):
         lines += ["", "Scaling (samples/s by worker processes):", "",
                   "| loader | " + " | ".join(str(n) for n in report["scaling"]["processes"])
@@ -63,45 +66,52 @@ def markdown(report: dict) -> str:
 
 
 def chart(report: dict, path: str | Path) -> None:
+    """Samples/s and CPU ms per sample of every configuration, and the scaling curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = [c for c in report["configs"] if not c.get("scaling_only")]
+    configs = [c for c in report["configs"] if c["median"]][::-1]
     has_scaling = bool(report.get("scaling"))
-    fig, axes = plt.subplots(1, 2 if has_scaling else 1, figsize=(13 if has_scaling else 8, 0.9
-                             + 0.38 * len(configs)), gridspec_kw={"width_ratios": [3, 2]}
-                             if has_scaling else None, squeeze=False)
-    ax = axes[0][0]
-    names = [c["name"] for c in configs][::-1]
-    vals = [c["median"].get("samples_per_s") or 0 for c in configs][::-1]
-    colors = [COLORS[c["family"]] for c in configs][::-1]
-    bars = ax.barh(names, vals, color=colors)
-    for bar, c in zip(bars, configs[::-1], strict=True):
-        if c["runs_ok"] == 0:
-            bar.set_hatch("//")
-    for bar, v in zip(bars, vals, strict=True):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.1f}",
-                va="center", fontsize=8)
-    ax.set_xlabel("samples/s (steady state, median)")
+    ncols = 3 if has_scaling else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols + 3, 1.2 + 0.36 * len(configs)),
+                             gridspec_kw={"width_ratios": [3, 1.6, 2][:ncols]}, squeeze=False)
+    names = [c["name"] for c in configs]
+    colors = [COLORS[c["family"]] for c in configs]
     m = report["machine"]
-    ax.set_title(f"{report['date'][:10]}, {m['nproc']} cores: vs Grain "
-                 f"{report['ratio_vs_grain']:.2f}x, vs limit {report['ratio_vs_limit']:.2f}x",
-                 fontsize=10)
-    ax.margins(x=0.15)
+    for ax, key, label, scale, fmt in (
+            (axes[0][0], "samples_per_s", "samples/s (steady state, median)", 1, "{:.0f}"),
+            (axes[0][1], "cpu_s_per_sample", "CPU ms per sample (whole process tree)", 1000,
+             "{:.1f}")):
+        vals = [(c["median"].get(key) or 0) * scale for c in configs]
+        bars = ax.barh(range(len(configs)), vals, color=colors)
+        for bar, c, v in zip(bars, configs, vals, strict=True):
+            if c["runs_ok"] == 0:
+                bar.set_hatch("//")
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + fmt.format(v),
+                    va="center", fontsize=7)
+        ax.set_yticks(range(len(configs)))
+        ax.set_yticklabels(names if ax is axes[0][0] else [], fontsize=8)
+        ax.set_xlabel(label, fontsize=9)
+        ax.margins(x=0.18)
+    gr = report.get("ratio_vs_grain")
+    lim = report.get("ratio_vs_limit")
+    axes[0][0].set_title(f"zephon-vl bench, {report['date'][:10]}, {m['nproc']} cores "
+                         f"({m['cpu_model']}): vs Grain {gr or 0:.2f}x, vs limit {lim or 0:.2f}x"
+                         "; hatched: every run disturbed", fontsize=9)
     if has_scaling:
-        ax2 = axes[0][1]
+        ax2 = axes[0][2]
         sc = report["scaling"]
         for fam, ys in sc["samples_per_s"].items():
             pts = [(n, y) for n, y in zip(sc["processes"], ys, strict=True) if y is not None]
             if pts:
                 ax2.plot(*zip(*pts, strict=True), marker="o", color=COLORS[fam],
                          label=FAMILY_NAMES[fam])
-        ax2.set_xlabel("worker processes")
-        ax2.set_ylabel("samples/s")
+        ax2.set_xlabel("worker processes", fontsize=9)
+        ax2.set_ylabel("samples/s", fontsize=9)
         ax2.set_xticks(sc["processes"])
-        ax2.set_title("scaling", fontsize=10)
+        ax2.set_title("scaling", fontsize=9)
         ax2.legend(fontsize=8)
         ax2.set_ylim(bottom=0)
     fig.tight_layout()

@@ -32,8 +32,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
-           "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb", "outside_load", "outside_load_steady", "wall_s",
-           "overall_samples_per_s", "steady_samples", "steady_seconds")
+           "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb",
+           "outside_load", "outside_load_steady", "wall_s", "overall_samples_per_s",
+           "steady_samples", "steady_seconds")
 
 
 # --- arguments --------------------------------------------------------------------
@@ -49,12 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="image samples in the demo data (default 2000; quick 400)")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="demo data folder (made if missing; default: the zephon cache)")
-    p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; quick 1)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help="passes over the data (default 1; quick 2, the second one measured)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="runs of the default and of each loader's best configuration; the "
+                        "rest of the grid runs once (default 3; quick 1)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 1)")
     p.add_argument("--warmup", type=float, default=None,
-                   help="fraction of the samples before the steady state (default 0.2; "
-                        "quick 0.5: the first epoch)")
+                   help="fraction of the samples before the steady state (default 0.2)")
     p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
     p.add_argument("--only", default=None, metavar="FAMILIES",
                    help="comma-separated subset of zephon,grain,torch,limit")
@@ -64,7 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run is 'disturbed' when other processes kept more than this "
                         "fraction of the machine busy (default 0.15)")
     p.add_argument("--retries", type=int, default=None,
-                   help="re-runs of a disturbed run (default 1; quick 0)")
+                   help="re-runs of disturbed runs, in all (default 3; quick 0)")
+    p.add_argument("--wait-quiet", type=float, default=None, metavar="SECONDS",
+                   help="before each run, wait up to this long for the machine to be quiet "
+                        "(other load under --max-outside-load); at most 10x this in all "
+                        "(default 15; quick 0)")
+    p.add_argument("--render", default=None, metavar="BENCH_JSON",
+                   help="run nothing: summarize a saved bench.json again and write its table "
+                        "and chart to --out")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before one run is killed (default 600; quick 150)")
 
@@ -77,28 +85,36 @@ def _cfg(name: str, family: str, params: dict, scaling: int | None = None,
             "scaling_only": scaling_only}
 
 
-def _zephon(d: int, t: int, r: int, **extra: Any) -> dict:
+def _zephon(d: int, t: int, r: int) -> dict:
     fused = " (fused)" if d == t else ""
     return _cfg(f"zephon decode={d} tokenize={t}{fused} read={r}", "zephon",
-                {"workers": {"decode": d, "tokenize": t, "read": r}, **extra})
+                {"cli": ["--workers", f"decode={d}", "--workers", f"tokenize={t}",
+                         "--workers", f"read={r}"]})
+
+
+def _zephon_in_workers(n: int) -> dict:
+    return _cfg(f"zephon read+decode+tokenize={n} (fused, read in workers)", "zephon",
+                {"cli": ["--op-runner", "read=processes", "--workers", f"read={n}",
+                         "--workers", f"decode={n}", "--workers", f"tokenize={n}"]})
 
 
 def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
     """The grid: zephon default + per-operator workers, Grain, DataLoader, the raw limit."""
-    cfgs = [_cfg("zephon default", "zephon", {}, scaling=1)]
+    cfgs = [_cfg("zephon default", "zephon", {"cli": []}, scaling=1)]
     if quick:
-        zgrid = [(2, 2, 1), (2, 1, 1)]
-        ggrid = [(1, 2), (2, 1), (2, 2)]
+        zgrid = [(2, 2, 1)]
+        ggrid = [(1, 2), (2, 1)]
         tgrid = [2]
     else:
-        zgrid = [(d, t, r) for d in (1, 2) for t in (1, 2) for r in (1, 2) if (d, t, r) != (1, 1, 1)]
-        ggrid = [(w, th) for w in (1, 2) for th in (1, 2, 4)]
+        zgrid = [(2, 2, 1), (2, 1, 1), (2, 2, 2)]
+        ggrid = [(1, 2), (1, 4), (2, 1), (2, 2)]
         tgrid = [1, 2, 3]
     for d, t, r in zgrid:
         c = _zephon(d, t, r)
         if d == t and r == 1:
             c["scaling"] = d
         cfgs.append(c)
+    cfgs.append(_zephon_in_workers(ncpu))
     for w, th in ggrid:
         cfgs.append(_cfg(f"grain mp_prefetch={w} threads={th}", "grain",
                          {"workers": w, "threads": th, "buffer": 16},
@@ -120,7 +136,8 @@ def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
                 cfgs.append(_cfg(f"grain mp_prefetch={n} threads=1", "grain",
                                  {"workers": n, "threads": 1, "buffer": 16}, scaling=n,
                                  scaling_only=True))
-    return cfgs
+    order = ("zephon", "grain", "torch", "limit")
+    return sorted(cfgs, key=lambda c: order.index(c["family"]))  # stable: grid order kept
 
 
 # --- one run in a child process ---------------------------------------------------------
@@ -192,7 +209,7 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
             time.sleep(0.05)
     finally:
         mon.stop()
-        _kill_tree(pid, only_children=True)
+        _kill_tree(pid, only_children=True, grace=10.0 if status == 0 else 0.0)
     if status != 0 or not result_path.is_file():
         tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         return {"ok": False, "error": f"exit {status}", "log_tail": tail}
@@ -201,19 +218,32 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
     return {"ok": True, "metrics": m, "tally": result["tally"], "extra": result["extra"]}
 
 
-def _kill_tree(pid: int, only_children: bool = False) -> None:
-    """Kill a run's process (and what it left behind: workers in its session)."""
+def _session(pid: int, only_children: bool) -> list:
     import psutil
 
     procs = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.pid != os.getpid() and os.getsid(p.pid) == pid:
+            if p.pid != os.getpid() and os.getsid(p.pid) == pid and p.status() != "zombie":
                 procs.append(p)
         except (psutil.Error, OSError):
             pass
-    if only_children:
-        procs = [p for p in procs if p.pid != pid]
+    return [p for p in procs if p.pid != pid] if only_children else procs
+
+
+def _kill_tree(pid: int, only_children: bool = False, grace: float = 0.0) -> None:
+    """Kill a run's process and what it left behind (processes of its session).
+
+    After a clean exit, leftovers get `grace` seconds to end by themselves: a
+    multiprocessing resource tracker unlinks the shared memory its clients
+    leaked only when it ends on its own.
+    """
+    import psutil
+
+    procs = _session(pid, only_children)
+    if procs and grace > 0:
+        psutil.wait_procs(procs, timeout=grace)
+        procs = _session(pid, only_children)
     for p in procs:
         try:
             p.kill()
@@ -232,7 +262,26 @@ def child_main(job_json: str, result_path: str) -> int:
     with open(tmp, "w") as f:
         json.dump(trace.to_json(), f)
     os.replace(tmp, result_path)
+    del trace
+    _release_grain_shm()
     return 0
+
+
+def _release_grain_shm() -> None:
+    """Let Grain unlink the shared memory of the arrays it delivered before the run exits.
+
+    Grain unlinks a delivered array's segment when the array is freed, on a
+    thread pool; a process leaving with ``os._exit`` would drop that queue and
+    leak the segments in /dev/shm.
+    """
+    import gc
+
+    gc.collect()
+    mod = sys.modules.get("grain._src.python.ipc.shared_memory_array")
+    pool = getattr(getattr(mod, "SharedMemoryArray", None), "_del_thread_pool", None)
+    if pool is not None:
+        pool.close()
+        pool.join()
 
 
 # --- the whole benchmark ----------------------------------------------------------------
@@ -273,9 +322,91 @@ def machine_info() -> dict:
     }
 
 
+def _usable(runs: list[dict]) -> list[dict]:
+    """The undisturbed runs, or all of them when every run was disturbed."""
+    return [r for r in runs if not r["disturbed"]] or runs
+
+
 def _median(runs: list[dict], key: str) -> float | None:
-    vals = [r["metrics"][key] for r in runs if r["metrics"].get(key) is not None]
+    """Median of a metric over runs as `run_one` returns them."""
+    return _median_of([r["metrics"] for r in runs], key)
+
+
+def _median_of(metrics: list[dict], key: str) -> float | None:
+    vals = [m[key] for m in metrics if m.get(key) is not None]
     return statistics.median(vals) if vals else None
+
+
+def summarize(report: dict) -> dict:
+    """Medians, each loader's best, the ratios, the scaling table and the warnings, from
+    the runs in `report["configs"]` (so a saved bench.json can be summarized again)."""
+    order = ("zephon", "grain", "torch", "limit")
+    configs = report["configs"] = sorted(report["configs"],
+                                         key=lambda c: order.index(c["family"]))
+    for c in configs:
+        rs = c["runs"]
+        good = [r for r in rs if not r["disturbed"]]
+        use = good or rs
+        c["runs_ok"], c["runs_disturbed"] = len(good), len(rs) - len(good)
+        c["median"] = {k: _median_of(use, k) for k in METRICS} if use else {}
+    best: dict[str, str] = {}
+    for fam in ("zephon", "grain", "torch", "limit"):
+        cands = [c for c in configs if c["family"] == fam and c["median"].get("samples_per_s")]
+        if cands:
+            best[fam] = max(cands, key=lambda c: c["median"]["samples_per_s"])["name"]
+    by_name = {c["name"]: c for c in configs}
+
+    def rate(name: str | None) -> float | None:
+        return by_name[name]["median"].get("samples_per_s") if name in by_name else None
+
+    def ratio(x: float | None, y: float | None) -> float | None:
+        return x / y if x and y else None
+
+    def cpu(name: str | None) -> float | None:
+        return by_name[name]["median"].get("cpu_s_per_sample") if name in by_name else None
+
+    report["best"] = best
+    report["best_samples_per_s"] = {f: rate(n) for f, n in best.items()}
+    report["ratio_vs_grain"] = ratio(rate(best.get("zephon")), rate(best.get("grain")))
+    report["ratio_vs_limit"] = ratio(rate(best.get("zephon")), rate(best.get("limit")))
+    report["ratio_vs_torch"] = ratio(rate(best.get("zephon")), rate(best.get("torch")))
+    report["zephon_default_vs_grain"] = ratio(rate("zephon default"), rate(best.get("grain")))
+    # CPU per sample does not depend on how much of the machine other jobs took
+    report["cpu_per_sample_vs_grain"] = ratio(cpu(best.get("zephon")), cpu(best.get("grain")))
+    report["cpu_per_sample_vs_limit"] = ratio(cpu(best.get("zephon")), cpu(best.get("limit")))
+    if report.get("scaling") != {}:
+        procs = [1, 2, 4]
+        table: dict[str, list[float | None]] = {}
+        for fam in ("zephon", "grain", "limit"):
+            row = []
+            for n in procs:
+                cs = [c for c in configs if c["family"] == fam and c["scaling"] == n]
+                row.append(cs[0]["median"].get("samples_per_s") if cs else None)
+            if any(v is not None for v in row):
+                table[fam] = row
+        report["scaling"] = {
+            "processes": procs, "samples_per_s": table,
+            "note": "zephon: decode and tokenize fused in N processes (N=1: the default); "
+                    "Grain: mp_prefetch N workers, 1 read thread; limit: N processes"}
+    disturbed = sum(c["runs_disturbed"] for c in configs)
+    limit = report["settings"].get("max_outside_load", 0.15)
+    report["warnings"] = [
+        f"{disturbed} run(s) were disturbed by other load on the machine (> {100 * limit:.0f}% "
+        "of it busy outside the benchmark); medians use undisturbed runs where a "
+        "configuration has any"] if disturbed else []
+    return report
+
+
+def render(path: str, out: Path) -> dict:
+    """Summarize a saved bench.json again and write its table and chart."""
+    from .report import chart, markdown
+
+    report = summarize(json.loads(Path(path).read_text()))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    (out / "bench.md").write_text(markdown(report))
+    chart(report, out / "bench.png")
+    return report
 
 
 def _data(args: argparse.Namespace, samples: int) -> Any:
@@ -300,13 +431,17 @@ def run(args: argparse.Namespace) -> int:
     from .report import chart, markdown
     from .workload import WorkSpec
 
+    if args.render:
+        report = render(args.render, Path(args.out or "bench-out"))
+        print(markdown(report))
+        return 0
     t_begin = time.monotonic()
     quick = args.quick
     samples = args.samples or (400 if quick else 2000)
-    epochs = args.epochs or (2 if quick else 1)
-    warm = args.warmup if args.warmup is not None else (0.5 if quick else 0.2)
+    epochs = args.epochs or 1
+    warm = args.warmup if args.warmup is not None else 0.2
     reps = args.reps or (1 if quick else 3)
-    retries = args.retries if args.retries is not None else (0 if quick else 1)
+    retries = args.retries if args.retries is not None else (0 if quick else 3)
     timeout = args.timeout or (150.0 if quick else 600.0)
     out = Path(args.out or "bench-out")
     out.mkdir(parents=True, exist_ok=True)
@@ -331,29 +466,72 @@ def run(args: argparse.Namespace) -> int:
     _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), {ds.num_samples} "
          f"samples in {len(spec.shards)} shards ({ds.root}), {ncpu} cores, "
          f"PIL {machine['pillow_backend']}; logs in {logdir}")
+    from .measure import NCPU, machine_busy_seconds
+
+    b0, t0 = machine_busy_seconds(), time.monotonic()
+    time.sleep(2.0)
+    load_before = (machine_busy_seconds() - b0) / (NCPU * (time.monotonic() - t0))
+    if load_before > args.max_outside_load:
+        _say(f"  warning: the machine is {100 * load_before:.0f}% busy before the benchmark "
+             "starts; expect disturbed runs (figures are then noisy, CPU ms/sample less so)")
     runs: dict[str, list[dict]] = {c["name"]: [] for c in cfgs}
     failures: list[str] = []
-    for rep in range(reps):
-        order = cfgs[rep % len(cfgs):] + cfgs[:rep % len(cfgs)]  # rotate: spread drifts
+    retry_budget = [retries]
+
+    wait_each = args.wait_quiet if args.wait_quiet is not None else (0.0 if quick else 15.0)
+    wait_left = [10 * wait_each]
+
+    def wait_for_quiet() -> None:
+        """Let a burst of other load pass (bounded): fewer runs come out disturbed."""
+        deadline = time.monotonic() + min(wait_each, wait_left[0])
+        while time.monotonic() < deadline:
+            b, t = machine_busy_seconds(), time.monotonic()
+            time.sleep(1.0)
+            if (machine_busy_seconds() - b) / (NCPU * (time.monotonic() - t)) \
+                    <= args.max_outside_load:
+                break
+            wait_left[0] -= time.monotonic() - t
+
+    def measure(cfg: dict, rep: int) -> None:
+        attempt = 0
+        while True:
+            if wait_each > 0:
+                wait_for_quiet()
+            tag = f"r{rep}-a{attempt}-{cfg['name'].replace(' ', '_').replace('=', '')}"
+            r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
+            if not r["ok"]:
+                failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
+                _say(f"  FAILED {cfg['name']}: {r['error']}")
+                return
+            m = r["metrics"]
+            r["disturbed"] = m["outside_load"] > args.max_outside_load
+            r["rep"], r["attempt"] = rep, attempt
+            runs[cfg["name"]].append(r)
+            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {cfg['name'][:46]:<46} "
+                 f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
+                 f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
+                 f"outside {100 * m['outside_load']:3.0f}%"
+                 + ("  DISTURBED" if r["disturbed"] else ""))
+            if not r["disturbed"] or retry_budget[0] <= 0 or attempt >= 1:
+                return
+            retry_budget[0] -= 1
+            attempt += 1
+
+    # phase 1: every configuration once; phase 2: the default and each loader's best of
+    # phase 1 again, `reps - 1` times, interleaved (so a slow spell hits them all alike)
+    for cfg in cfgs:
+        measure(cfg, 0)
+    finals = [c for c in cfgs if c["name"] == "zephon default"]
+    for fam in ("zephon", "grain", "torch", "limit"):
+        cands = [c for c in cfgs if c["family"] == fam and runs[c["name"]]]
+        if cands:
+            top = max(cands, key=lambda c: _median(_usable(runs[c["name"]]), "samples_per_s"))
+            if top not in finals:
+                finals.append(top)
+    for rep in range(1, reps):
+        order = finals[rep % len(finals):] + finals[:rep % len(finals)]
         for cfg in order:
-            for attempt in range(retries + 1):
-                tag = f"r{rep}-a{attempt}-{cfg['name'].replace(' ', '_').replace('=', '')}"
-                r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
-                if not r["ok"]:
-                    failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
-                    _say(f"  FAILED {cfg['name']}: {r['error']}")
-                    break
-                m = r["metrics"]
-                r["disturbed"] = m["outside_load"] > args.max_outside_load
-                r["rep"], r["attempt"] = rep, attempt
-                runs[cfg["name"]].append(r)
-                _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {cfg['name']:<44} "
-                     f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
-                     f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
-                     f"outside {100 * m['outside_load']:3.0f}%"
-                     + ("  DISTURBED" if r["disturbed"] else ""))
-                if not r["disturbed"]:
-                    break
+            measure(cfg, rep)
     breakdown = None
     if not args.no_breakdown:
         from .breakdown import run_breakdown
@@ -374,78 +552,28 @@ def run(args: argparse.Namespace) -> int:
                 mismatches.append(f"{name} rep {r['rep']}: samples/tokens/images/dropped/"
                                   f"checksum {key} != {ref[0]}'s {ref[1]}")
     # --- summary ------------------------------------------------------------------------
-    configs_out = []
-    for c in cfgs:
-        rs = runs[c["name"]]
-        good = [r for r in rs if not r["disturbed"]]
-        use = good or rs
-        configs_out.append({
-            **c, "runs_ok": len(good), "runs_disturbed": len(rs) - len(good),
-            "median": {k: _median(use, k) for k in METRICS} if use else {},
-            "runs": [{"rep": r["rep"], "attempt": r["attempt"], "disturbed": r["disturbed"],
-                      **r["metrics"], "plan": r["extra"].get("plan")} for r in rs],
-        })
-    best: dict[str, str] = {}
-    for fam in ("zephon", "grain", "torch", "limit"):
-        cands = [c for c in configs_out if c["family"] == fam and not c["scaling_only"]
-                 and c["median"].get("samples_per_s")]
-        if cands:
-            best[fam] = max(cands, key=lambda c: c["median"]["samples_per_s"])["name"]
-    by_name = {c["name"]: c for c in configs_out}
-
-    def best_rate(fam: str) -> float | None:
-        return by_name[best[fam]]["median"]["samples_per_s"] if fam in best else None
-
-    def ratio(a: str, b: str) -> float | None:
-        x, y = best_rate(a), best_rate(b)
-        return x / y if x and y else None
-
-    scaling = None
-    if not args.no_scaling:
-        procs = [1, 2, 4]
-        table: dict[str, list[float | None]] = {}
-        for fam in ("zephon", "grain", "limit"):
-            row = []
-            for n in procs:
-                cs = [c for c in configs_out if c["family"] == fam and c["scaling"] == n]
-                row.append(cs[0]["median"].get("samples_per_s") if cs else None)
-            if any(v is not None for v in row):
-                table[fam] = row
-        scaling = {"processes": procs, "samples_per_s": table,
-                   "note": "zephon: decode and tokenize fused in N processes; Grain: "
-                           "mp_prefetch N workers, 1 read thread; limit: N processes"}
+    configs_out = [{**c, "runs": [{"rep": r["rep"], "attempt": r["attempt"],
+                                   "disturbed": r["disturbed"], **r["metrics"],
+                                   "plan": r["extra"].get("plan")} for r in runs[c["name"]]]}
+                   for c in cfgs]
     tally = runs[cfgs[0]["name"]][0]["tally"] if runs[cfgs[0]["name"]] else {}
-    warnings = []
-    disturbed = sum(c["runs_disturbed"] for c in configs_out)
-    if disturbed:
-        warnings.append(f"{disturbed} run(s) were disturbed by other load on the machine "
-                        f"(> {100 * args.max_outside_load:.0f}% of it busy outside the "
-                        "benchmark); medians use undisturbed runs where a configuration "
-                        "has any")
     report = {
         "format": "zephon-vl-bench", "version": 1,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full", "reps": reps, "machine": machine,
         "command": " ".join(["zephon-vl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"]
         else " ".join(sys.argv),
         "settings": {**spec_json, "samples": ds.num_samples, "images": ds.num_images,
                      "data": str(ds.root), "delivered": tally,
-                     "max_outside_load": args.max_outside_load, "warmup": warm},
-        "ratio_vs_grain": ratio("zephon", "grain"),
-        "ratio_vs_limit": ratio("zephon", "limit"),
-        "ratio_vs_torch": ratio("zephon", "torch"),
-        "zephon_default_vs_grain": (by_name["zephon default"]["median"]["samples_per_s"]
-                                    / best_rate("grain"))
-        if "zephon default" in by_name and best_rate("grain")
-        and by_name["zephon default"]["median"].get("samples_per_s") else None,
-        "best": best,
-        "best_samples_per_s": {f: best_rate(f) for f in best},
-        "configs": configs_out, "scaling": scaling, "breakdown": breakdown,
+                     "max_outside_load": args.max_outside_load, "warmup": warm,
+                     "machine_load_before": load_before},
+        "configs": configs_out, "scaling": {} if args.no_scaling else None,
+        "breakdown": breakdown,
         "checks": {"ok": not mismatches and not failures, "same_samples_and_tokens":
                    not mismatches, "mismatches": mismatches, "failures": failures},
-        "warnings": warnings,
         "elapsed_s": time.monotonic() - t_begin,
     }
+    summarize(report)
     text = json.dumps(report, indent=1)
     (out / "bench.json").write_text(text)
     if args.json:
