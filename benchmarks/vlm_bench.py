@@ -99,17 +99,24 @@ def _zephon_in_workers(n: int) -> dict:
 
 
 def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
-    """The grid: zephon default + per-operator workers, Grain, DataLoader, the raw limit."""
-    cfgs = [_cfg("zephon default", "zephon", {"cli": []}, scaling=1)]
+    """The grid: zephon default + per-operator workers, Grain, DataLoader, the raw limit.
+
+    zephon's default runs decode and tokenize fused in one process per core
+    (``os.cpu_count()``), so it is also the scaling point for that count.
+    """
+    per_core = os.cpu_count() or 1
+    cfgs = [_cfg("zephon default", "zephon", {"cli": []}, scaling=per_core)]
     if quick:
-        zgrid = [(2, 2, 1)]
+        zgrid = [(1, 1, 1)]
         ggrid = [(1, 2), (2, 1)]
         tgrid = [2]
     else:
-        zgrid = [(2, 2, 1), (2, 1, 1), (2, 2, 2)]
+        zgrid = [(1, 1, 1), (2, 2, 1), (2, 1, 1), (2, 2, 2)]
         ggrid = [(1, 2), (1, 4), (2, 1), (2, 2)]
         tgrid = [1, 2, 3]
     for d, t, r in zgrid:
+        if d == t == per_core and r == 1:
+            continue  # that is the default
         c = _zephon(d, t, r)
         if d == t and r == 1:
             c["scaling"] = d
@@ -386,7 +393,7 @@ def summarize(report: dict) -> dict:
                 table[fam] = row
         report["scaling"] = {
             "processes": procs, "samples_per_s": table,
-            "note": "zephon: decode and tokenize fused in N processes (N=1: the default); "
+            "note": "zephon: decode and tokenize fused in N processes (N = cores: the default); "
                     "Grain: mp_prefetch N workers, 1 read thread; limit: N processes"}
     disturbed = sum(c["runs_disturbed"] for c in configs)
     limit = report["settings"].get("max_outside_load", 0.15)
