@@ -166,7 +166,11 @@ def _report(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
                          "steps": [r["step"] for r in recs]}
         lines.append(f"| {name} | {recs[0]['step']}-{recs[-1]['step']} | "
                      f"{'yes' if same else 'NO'} | {diff:.3g} |")
-    return {"config": {k: str(v) for k, v in vars(args).items()}, "runs": per_run,
+    def shown(v: object) -> str:  # paths relative to the repository, not this machine's
+        text = str(v)
+        return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+
+    return {"config": {k: shown(v) for k, v in vars(args).items()}, "runs": per_run,
             "digests_identical": ok, "table": "\n".join(lines)}
 
 
