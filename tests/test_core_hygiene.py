@@ -146,6 +146,9 @@ def test_killed_worker_is_restarted_and_data_unchanged():
         got = w.digests(1)
         victims = []
         for k in range(4):
+            settle = time.monotonic() + 15  # the previous victim is replaced before the next kill
+            while set(victims) & set(runner.pids) and time.monotonic() < settle:
+                time.sleep(0.05)
             victim = runner.pids[k % 2]
             victims.append(victim)
             os.kill(victim, signal.SIGKILL)

@@ -91,6 +91,7 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str) -> None:
     """Worker process loop: receive a group, run the stage, send results via shm."""
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
+    conn.send(("ready", -1, None))
     while True:
         try:
             msg = conn.recv()
@@ -222,8 +223,10 @@ class ProcessRunner(Runner):
             status, task_id, payload = conn.recv()
         except (EOFError, OSError):
             return False
-        self._answered[i] = True
-        self._early_deaths = 0
+        if status == "ready":
+            self._answered[i] = True
+            self._early_deaths = 0
+            return True
         with self._lock:
             task = self._assigned[i].popleft()
         assert task.id == task_id, "worker answered out of order"
@@ -243,19 +246,23 @@ class ProcessRunner(Runner):
         log.warning("zephon: worker %s of stage %s died (exit code %s); restarting it",
                     p.pid, self.name, p.exitcode)
         self.restarts += 1
-        if not self._answered[i]:
-            self._early_deaths += 1
         conn = self._conns[i]
-        while self._assigned[i] and conn.poll() and self._receive(conn):
+        while conn.poll() and self._receive(conn):
             pass
+        started = self._answered[i]
+        if not started:
+            self._early_deaths += 1
         with self._lock:
             lost = list(self._assigned[i])
             self._assigned[i].clear()
+            if not started:  # it died setting up, not on these groups
+                for task in lost:
+                    task.attempts -= 1
             if self._early_deaths >= MAX_ATTEMPTS * self.workers:
                 lost += list(self._pending)
                 self._pending.clear()
-                self._broken = (f"stage {self.name}: worker processes keep dying before they "
-                                f"answer (exit code {p.exitcode}); the stage cannot start in a "
+                self._broken = (f"stage {self.name}: worker processes keep dying while they "
+                                f"start (exit code {p.exitcode}); the stage cannot start in a "
                                 "worker process (is the script guarded by `if __name__ == "
                                 "'__main__':`? are its operators importable and picklable?)")
             for task in reversed(lost):
