@@ -87,7 +87,7 @@ class Map(Transform):
                  settings: dict | None = None) -> None:
         self.fn = fn
         self.name = name or f"map:{getattr(fn, '__name__', 'fn')}"
-        self.on_error = _check_on_error(on_error)
+        self.on_error = check_on_error(on_error)
         self._settings = settings or {}
 
     def settings(self) -> dict:
@@ -118,7 +118,7 @@ def _qualname(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _check_on_error(value: str) -> str:
+def check_on_error(value: str) -> str:
     if value not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {ON_ERROR}, got {value!r}")
     return value

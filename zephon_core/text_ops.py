@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BadSampleError, ConfigError
-from .operators import Transform, _check_on_error
+from .operators import Transform, check_on_error
 from .readers import ShardReader
 from .records import Element
 
@@ -25,7 +25,7 @@ class Read(Transform):
     def __init__(self, readers: list[ShardReader], name: str = "read", on_error: str = "raise"):
         self.readers = readers
         self.name = name
-        self.on_error = _check_on_error(on_error)
+        self.on_error = check_on_error(on_error)
 
     def process_many(self, elements: list[Element]) -> list[Any]:
         return [self.readers[e.payload[0]].read(e.payload[1], e.payload[2]) for e in elements]
@@ -107,7 +107,25 @@ class FastTokenizer:
         return {"input_ids": [e.ids for e in encoded]}
 
 
-class Tokenize(Transform):
+class TokenizerTransform(Transform):
+    """A transform that owns a tokenizer folder: loaded once per process, never pickled."""
+
+    def __init__(self, tokenizer_path: str | os.PathLike) -> None:
+        self.tokenizer_path = str(tokenizer_path)
+        self._identity = tokenizer_identity(tokenizer_path)
+        self._tok: Any = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_tok"] = None
+        return state
+
+    def setup(self) -> None:
+        if self._tok is None:
+            self._tok = load_tokenizer(self.tokenizer_path)
+
+
+class Tokenize(TokenizerTransform):
     """Text -> token ids with a `transformers` tokenizer loaded from a local path.
 
     Output payload: ``{"tokens": int32 array}``, EOS appended when `add_eos`.
@@ -120,27 +138,16 @@ class Tokenize(Transform):
     def __init__(self, tokenizer_path: str | os.PathLike, text_key: str = "text",
                  add_bos: bool = False, add_eos: bool = True, name: str = "tokenize",
                  on_error: str = "raise") -> None:
-        self.tokenizer_path = str(tokenizer_path)
+        super().__init__(tokenizer_path)
         self.text_key = text_key
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.name = name
-        self.on_error = _check_on_error(on_error)
-        self._identity = tokenizer_identity(tokenizer_path)
-        self._tok: Any = None
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_tok"] = None
-        return state
+        self.on_error = check_on_error(on_error)
 
     def settings(self) -> dict:
         return {"tokenizer": self._identity, "text_key": self.text_key,
                 "add_bos": self.add_bos, "add_eos": self.add_eos}
-
-    def setup(self) -> None:
-        if self._tok is None:
-            self._tok = load_tokenizer(self.tokenizer_path)
 
     def process_many(self, elements: list[Element]) -> list[Any]:
         self.setup()

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import BadSampleError, ConfigError
-from zephon_core.operators import Transform, _check_on_error
+from zephon_core.operators import Transform, check_on_error
 from zephon_core.records import Element
-from zephon_core.text_ops import load_tokenizer, tokenizer_identity
+from zephon_core.text_ops import TokenizerTransform
 
 from .image import ImageSettings, VisionPatches, process_image
 from .video import VideoSettings, process_video
@@ -60,7 +60,7 @@ class DecodeVision(Transform):
         self.image = image or ImageSettings()
         self.video = video or VideoSettings()
         self.name = name
-        self.on_error = _check_on_error(on_error)
+        self.on_error = check_on_error(on_error)
 
     def settings(self) -> dict:
         from .image import pillow_backend
@@ -141,7 +141,7 @@ class VisionTokens:
         return cls(*ids, eos, pad)
 
 
-class TokenizeMultimodal(Transform):
+class TokenizeMultimodal(TokenizerTransform):
     """Document -> tokens, targets and vision costs; truncates only at text boundaries.
 
     Documents longer than `max_tokens` are cut after their last complete
@@ -155,28 +155,21 @@ class TokenizeMultimodal(Transform):
                  overlong: str = "drop", name: str = "tokenize", on_error: str = "drop") -> None:
         if overlong not in ("drop", "truncate"):
             raise ConfigError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
-        self.tokenizer_path = str(tokenizer_path)
+        super().__init__(tokenizer_path)
         self.merge_size = merge_size
         self.max_tokens = max_tokens
         self.overlong = overlong
         self.name = name
-        self.on_error = _check_on_error(on_error)
-        self._identity = tokenizer_identity(tokenizer_path)
-        self._tok: Any = None
+        self.on_error = check_on_error(on_error)
         self._ids: VisionTokens | None = None
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_tok"] = None
-        return state
 
     def settings(self) -> dict:
         return {"tokenizer": self._identity, "merge_size": self.merge_size,
                 "max_tokens": self.max_tokens, "overlong": self.overlong}
 
     def setup(self) -> None:
-        if self._tok is None:
-            self._tok = load_tokenizer(self.tokenizer_path)
+        if self._ids is None:
+            super().setup()
             self._ids = VisionTokens.from_tokenizer(self._tok)
 
     def _text(self, s: str) -> list[int]:
