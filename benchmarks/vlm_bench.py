@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon_core.pipeline import usable_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
            "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb",
@@ -85,43 +87,37 @@ def _cfg(name: str, family: str, params: dict, scaling: int | None = None,
             "scaling_only": scaling_only}
 
 
-def _zephon(d: int, t: int, r: int) -> dict:
-    fused = " (fused)" if d == t else ""
-    return _cfg(f"zephon decode={d} tokenize={t}{fused} read={r}", "zephon",
-                {"cli": ["--workers", f"decode={d}", "--workers", f"tokenize={t}",
-                         "--workers", f"read={r}"]})
+def _zephon(name: str, *cli: str, scaling: int | None = None) -> dict:
+    return _cfg(f"zephon {name}", "zephon", {"cli": list(cli)}, scaling=scaling)
 
 
-def _zephon_in_workers(n: int) -> dict:
-    return _cfg(f"zephon read+decode+tokenize={n} (fused, read in workers)", "zephon",
-                {"cli": ["--op-runner", "read=processes", "--workers", f"read={n}",
-                         "--workers", f"decode={n}", "--workers", f"tokenize={n}"]})
+def _zephon_fused(n: int) -> dict:
+    return _zephon(f"read+decode+tokenize fused, {n} processes", "--default-workers", str(n),
+                   scaling=n)
 
 
 def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
     """The grid: zephon default + per-operator workers, Grain, DataLoader, the raw limit.
 
-    zephon's default runs decode and tokenize fused in one process per core
-    (``os.cpu_count()``), so it is also the scaling point for that count.
+    zephon's default runs read, decode and tokenize fused in one process per
+    core (``usable_cores()``), so it is also the scaling point for that count.
     """
-    per_core = os.cpu_count() or 1
+    per_core = usable_cores()
     cfgs = [_cfg("zephon default", "zephon", {"cli": []}, scaling=per_core)]
+    cfgs.append(_zephon(f"read on threads, decode+tokenize fused, {ncpu} processes",
+                        "--op-runner", "read=threads", "--default-workers", str(ncpu)))
     if quick:
-        zgrid = [(1, 1, 1)]
         ggrid = [(1, 2), (2, 1)]
         tgrid = [2]
     else:
-        zgrid = [(1, 1, 1), (2, 2, 1), (2, 1, 1), (2, 2, 2)]
+        cfgs.append(_zephon(f"decode={ncpu} tokenize=1 (two process stages)",
+                            "--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
+                            "--workers", "tokenize=1"))
+        cfgs += [_zephon(f"group size {g}", "--group-size", str(g)) for g in (4, 16)]
+        if per_core != ncpu:
+            cfgs.append(_zephon_fused(ncpu))
         ggrid = [(1, 2), (1, 4), (2, 1), (2, 2)]
         tgrid = [1, 2, 3]
-    for d, t, r in zgrid:
-        if d == t == per_core and r == 1:
-            continue  # that is the default
-        c = _zephon(d, t, r)
-        if d == t and r == 1:
-            c["scaling"] = d
-        cfgs.append(c)
-    cfgs.append(_zephon_in_workers(ncpu))
     for w, th in ggrid:
         cfgs.append(_cfg(f"grain mp_prefetch={w} threads={th}", "grain",
                          {"workers": w, "threads": th, "buffer": 16},
@@ -136,8 +132,8 @@ def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
                 cfgs.append(_cfg(f"raw limit {n} processes", "limit", {"processes": n},
                                  scaling=n, scaling_only=True))
             if not quick and ("zephon", n) not in have:
-                c = _zephon(n, n, 1)
-                c.update(scaling=n, scaling_only=True)
+                c = _zephon_fused(n)
+                c["scaling_only"] = True
                 cfgs.append(c)
             if not quick and ("grain", n) not in have:
                 cfgs.append(_cfg(f"grain mp_prefetch={n} threads=1", "grain",

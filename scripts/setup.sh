@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.cache/setup.$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && $PY -c 'import zephon_vl, torch, transformers, av, grain, torchtitan' 2>/dev/null; then
+# Done already when the stamp matches and, from outside this folder, zephon_vl imports from here.
+here=$(pwd -P)
+if [ -f "$stamp" ] && (cd / && $PY -c 'import sys, zephon_vl, torch, transformers, av, grain, torchtitan
+assert zephon_vl.__file__.startswith(sys.argv[1] + "/")' "$here") 2>/dev/null; then
   exit 0
 fi
 $PY -m pip install -q --disable-pip-version-check torch==2.13.0

@@ -233,7 +233,8 @@ def test_process_pools_drop_and_raise_like_inline(mixed, dropped_d1) -> None:
 
     recipe, eps = dropped_d1
     want = global_steps(recipe, eps)
-    ex = Execution(runner="auto", workers={"read": 1, "decode": 2, "tokenize": 1}, group_size=3)
+    ex = Execution(runner="auto", runners={"read": "threads"},
+                   workers={"read": 1, "decode": 2, "tokenize": 1}, group_size=3)
     recipe_p = recipe_for(mixed, "drop")
     runners = Plan(recipe_p.ops, ex).make_runners()
     try:
@@ -245,7 +246,8 @@ def test_process_pools_drop_and_raise_like_inline(mixed, dropped_d1) -> None:
     assert global_steps(recipe_p, eps_p) == want
     assert sorted(d for e in eps_p for d in e.drops()) == sorted(eps[0].drops())
 
-    ex_raise = Execution(runner="auto", runners={"tokenize": "inline"}, workers={"decode": 2})
+    ex_raise = Execution(runner="auto", runners={"read": "threads", "tokenize": "inline"},
+                         workers={"decode": 2})
     with Loader(recipe_for(mixed, "raise"), 0, 1, ex_raise) as loader:
         kinds = {s.name: s.runner_kind for s in loader.plan.stages if s.kind == "transform"}
         assert kinds == {"read": "threads", "decode": "processes", "tokenize": "inline"}

@@ -103,10 +103,11 @@ def test_digests_across_runner_types_threads(shards, ref) -> None:
 def test_digests_across_runner_types_processes(shards, ref) -> None:
     """Decode and tokenize in process pools with different worker counts: same digests.
 
-    ``auto`` puts reads on threads, decode and tokenize on processes; decode
-    has 2 workers and tokenize 1, so the two stages are not fused.
+    ``auto`` puts read, decode and tokenize on processes; reads are sent to
+    threads here, and decode has 2 workers and tokenize 1, so no stage fuses.
     """
-    ex = Execution(runner="auto", workers={"read": 2, "decode": 2, "tokenize": 1}, group_size=4,
+    ex = Execution(runner="auto", runners={"read": "threads"},
+                   workers={"read": 2, "decode": 2, "tokenize": 1}, group_size=4,
                    prefetch=2, prefetch_steps=0)
     recipe = make_recipe(shards)
     with Loader(recipe, 0, 1, ex) as loader:

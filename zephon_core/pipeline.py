@@ -16,6 +16,13 @@ from .packing import Pack
 from .runners import RUNNERS, Runner, make_runner
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
@@ -24,8 +31,8 @@ class Execution:
     thread stages to one thread.
 
     `runner` is the default for every transform (``auto``: each operator's own
-    preference, e.g. threads for reads and processes for decode and
-    tokenize); `runners` and `workers` override it per operator name.
+    preference, processes for read, decode and tokenize); `runners` and
+    `workers` override it per operator name.
     Consecutive transforms with the same runner and worker count are fused
     into one stage (one worker call per group).
     """
@@ -55,7 +62,7 @@ class Execution:
             return kind, 1
         default = self.default_workers
         if default is None:
-            default = (os.cpu_count() or 1) if kind == "processes" else 1
+            default = usable_cores() if kind == "processes" else 1
         return kind, self.workers.get(t.name, default)
 
 

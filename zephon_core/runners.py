@@ -91,6 +91,7 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str) -> None:
     """Worker process loop: receive a group, run the stage, send results via shm."""
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
+    pool = shm.SegmentPool(prefix)
     conn.send(("ready", -1, None))
     while True:
         try:
@@ -98,11 +99,13 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str) -> None:
         except (EOFError, OSError):
             return
         if msg is None:
+            pool.close()
             return
-        task_id, packed = msg
+        task_id, packed, released = msg
+        pool.release(released)
         try:
             out = fn(shm.unpack(packed))
-            reply = ("ok", task_id, shm.pack(out, prefix))
+            reply = ("ok", task_id, pool.pack(out))
         except BaseException as exc:  # noqa: BLE001 - sent back to the parent
             try:
                 pickle.dumps(exc)
@@ -152,6 +155,9 @@ class ProcessRunner(Runner):
         self._early_deaths = 0
         self._broken = ""
         self._answered = [False] * workers
+        # names of pooled answer files the driver no longer reads (appended by finalizers)
+        self._released: deque[str] = deque()
+        self._free_by_pid: dict[int, list[str]] = {}
         for i in range(workers):
             self._start_worker(i)
         self._thread = threading.Thread(target=self._dispatch, name=f"zephon-{name}", daemon=True)
@@ -185,6 +191,16 @@ class ProcessRunner(Runner):
         self._wake_w.send_bytes(b"x")
         return fut
 
+    def _released_for(self, pid: int) -> list[str]:
+        """Pooled files of worker `pid` that it may reuse (a dead worker's files are gone)."""
+        live = set(self.pids)
+        while self._released:
+            name = self._released.popleft()
+            owner = int(name[len(self.prefix):].split("-", 1)[0])
+            if owner in live:
+                self._free_by_pid.setdefault(owner, []).append(name)
+        return self._free_by_pid.pop(pid, [])
+
     def _assign(self) -> None:
         with self._lock:
             for i in range(self.workers):
@@ -192,8 +208,9 @@ class ProcessRunner(Runner):
                     task = self._pending.popleft()
                     task.attempts += 1
                     self._assigned[i].append(task)
+                    released = self._released_for(self._procs[i].pid)
                     try:
-                        self._conns[i].send((task.id, task.packed))
+                        self._conns[i].send((task.id, task.packed, released))
                     except (BrokenPipeError, OSError):
                         break
 
@@ -233,7 +250,7 @@ class ProcessRunner(Runner):
         shm.discard(task.packed)
         if status == "ok":
             try:
-                task.future.set_result(shm.unpack(payload))
+                task.future.set_result(shm.unpack(payload, self._released.append))
             except BaseException as exc:  # noqa: BLE001
                 task.future.set_exception(exc)
         else:
@@ -279,6 +296,7 @@ class ProcessRunner(Runner):
                     self._pending.appendleft(task)
         conn.close()
         shm.remove_leftovers(f"{self.prefix}{p.pid}-")
+        self._free_by_pid.pop(p.pid, None)
         if not self._broken:
             self._start_worker(i)
 

@@ -5,6 +5,13 @@
 unlinks it at once (the mapping outlives the name, so nothing can leak once a
 message has been received) and rebuilds the arrays as views of the mapping:
 no pickled copy of pixel data is ever made.
+
+A fresh file costs the kernel a page fault and a zeroed page per 4 KiB on
+every message, about as much as the copy itself. Workers therefore answer
+through a `SegmentPool`: a few files they keep mapped and reuse. The receiver
+maps a pooled file without unlinking it and reports it free (`on_release`)
+only once every array viewing it is gone, so a file is never rewritten while
+anyone can still read it.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import dataclasses
 import itertools
 import mmap
 import os
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,6 +43,7 @@ class Packed(NamedTuple):
     body: Any
     segment: str | None
     size: int
+    pooled: bool = False
 
 
 def available() -> bool:
@@ -66,10 +76,8 @@ def _is_ref(obj: Any) -> bool:
     return isinstance(obj, _ArrayRef)
 
 
-def pack(obj: Any, prefix: str) -> Packed:
-    """Replace large arrays in `obj` by references into one new shared-memory file."""
-    if not available():
-        return Packed(obj, None, 0)
+def _collect(obj: Any) -> tuple[Any, list[np.ndarray], int]:
+    """Swap large arrays for references at aligned offsets; returns (body, arrays, bytes)."""
     arrays: list[np.ndarray] = []
     offset = 0
 
@@ -80,28 +88,115 @@ def pack(obj: Any, prefix: str) -> Packed:
         a = np.ascontiguousarray(a)
         ref = _ArrayRef(offset, a.dtype.str, a.shape)
         arrays.append(a)
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+        offset += _aligned(a.nbytes)
         return ref
 
     body = _walk(obj, _is_array, take)
+    return body, arrays, offset
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _write(mm: mmap.mmap, arrays: list[np.ndarray]) -> None:
+    at = 0
+    for a in arrays:
+        mm[at:at + a.nbytes] = a.reshape(-1).view(np.uint8).data
+        at += _aligned(a.nbytes)
+
+
+def pack(obj: Any, prefix: str) -> Packed:
+    """Replace large arrays in `obj` by references into one new shared-memory file."""
+    if not available():
+        return Packed(obj, None, 0)
+    body, arrays, size = _collect(obj)
     if not arrays:
         return Packed(obj, None, 0)
     name = f"{prefix}{os.getpid()}-{next(_counter)}"
     fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, offset)
-        with mmap.mmap(fd, offset) as mm:
-            at = 0
-            for a in arrays:
-                mm[at:at + a.nbytes] = a.reshape(-1).view(np.uint8).data
-                at += -(-a.nbytes // _ALIGN) * _ALIGN
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            _write(mm, arrays)
     finally:
         os.close(fd)
-    return Packed(body, name, offset)
+    return Packed(body, name, size)
 
 
-def unpack(packed: Packed) -> Any:
-    """Rebuild a message; its shared-memory file is unlinked here."""
+class SegmentPool:
+    """A sender's reusable shared-memory files (see the module docstring).
+
+    At most `max_segments` files are kept; when all are still held by the
+    receiver, a message falls back to a one-shot file, so a slow receiver
+    costs speed, never correctness.
+    """
+
+    GRAIN = 1 << 20
+
+    def __init__(self, prefix: str, max_segments: int = 8) -> None:
+        self.base = prefix
+        self.prefix = f"{prefix}{os.getpid()}-p"
+        self.max_segments = max_segments
+        self._maps: dict[str, mmap.mmap] = {}
+        self._free: set[str] = set()
+        self._ids = itertools.count()
+
+    def release(self, names: list[str]) -> None:
+        """The receiver no longer reads these files; names not of this pool are ignored."""
+        self._free.update(n for n in names if n in self._maps)
+
+    def pack(self, obj: Any) -> Packed:
+        if not available():
+            return Packed(obj, None, 0)
+        body, arrays, size = _collect(obj)
+        if not arrays:
+            return Packed(obj, None, 0)
+        name = self._take(size)
+        if name is None:
+            return pack(obj, self.base)
+        mm = self._maps[name]
+        _write(mm, arrays)
+        return Packed(body, name, size, pooled=True)
+
+    def _take(self, size: int) -> str | None:
+        fits = [n for n in self._free if len(self._maps[n]) >= size]
+        if fits:
+            name = min(fits, key=lambda n: len(self._maps[n]))
+        else:
+            if len(self._maps) >= self.max_segments:
+                if not self._free:
+                    return None
+                self._drop(min(self._free, key=lambda n: len(self._maps[n])))
+            name = self._create(size)
+        self._free.discard(name)
+        return name
+
+    def _create(self, size: int) -> str:
+        size = -(-size // self.GRAIN) * self.GRAIN
+        name = f"{self.prefix}{next(self._ids)}"
+        fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._maps[name] = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return name
+
+    def close(self) -> None:
+        """Unlink every file; a receiver's mapping stays valid until it lets go."""
+        for name in list(self._maps):
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        self._free.discard(name)
+        self._maps.pop(name).close()
+        (SHM_DIR / name).unlink(missing_ok=True)
+
+
+def unpack(packed: Packed, on_release: Callable[[str], None] | None = None) -> Any:
+    """Rebuild a message. A one-shot file is unlinked here; a pooled one is handed to
+    `on_release` once the last array viewing it is garbage."""
     if packed.segment is None:
         return packed.body
     path = SHM_DIR / packed.segment
@@ -110,7 +205,10 @@ def unpack(packed: Packed) -> Any:
         mm = mmap.mmap(fd, packed.size)
     finally:
         os.close(fd)
-        os.unlink(path)
+        if not packed.pooled:
+            os.unlink(path)
+    if packed.pooled and on_release is not None:
+        weakref.finalize(mm, on_release, packed.segment).atexit = False
 
     def give(ref: _ArrayRef) -> np.ndarray:
         count = int(np.prod(ref.shape, dtype=np.int64))
@@ -120,8 +218,8 @@ def unpack(packed: Packed) -> Any:
 
 
 def discard(packed: Packed) -> None:
-    """Remove the file of a message that will never be received."""
-    if packed.segment is not None:
+    """Remove the file of a message that will never be received (pooled files stay)."""
+    if packed.segment is not None and not packed.pooled:
         (SHM_DIR / packed.segment).unlink(missing_ok=True)
 
 

@@ -25,7 +25,7 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("execution (never changes the data)")
     g.add_argument("--runner", choices=["auto", "inline", "threads", "processes"],
                    default="auto", help="default runner of every operator (auto: each "
-                   "operator's own: threads for reads, processes for decode and tokenize)")
+                   "operator's own: processes for read, decode and tokenize, fused into one stage)")
     g.add_argument("--workers", action="append", default=[], metavar="OP=N",
                    help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
     g.add_argument("--default-workers", type=int, default=None,

@@ -1,6 +1,6 @@
 """The vision-language recipe and the built-in `vlm-demo`.
 
-Operators, per lane: shuffle pointers -> read tar members (threads) ->
+Operators, per lane: shuffle pointers -> read tar members ->
 decode + resize + patchify (processes) -> tokenize with vision tokens
 (processes) -> pack with limits on vision tokens and images per row.
 """
