@@ -113,7 +113,8 @@ def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
         cfgs.append(_zephon(f"decode={ncpu} tokenize=1 (two process stages)",
                             "--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
                             "--workers", "tokenize=1"))
-        cfgs += [_zephon(f"group size {g}", "--group-size", str(g)) for g in (4, 16)]
+        cfgs += [_zephon("group size 4", "--group-size", "4"),
+                 _zephon("prefetch 4 groups per lane", "--prefetch", "4")]
         if per_core != ncpu:
             cfgs.append(_zephon_fused(ncpu))
         ggrid = [(1, 2), (1, 4), (2, 1), (2, 2)]

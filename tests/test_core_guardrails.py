@@ -180,6 +180,21 @@ def test_rank_count_must_divide_lanes():
         Loader(recipe, 4, 4)
 
 
+def test_default_prefetch_gives_every_worker_two_groups():
+    """Execution only: few lanes get more groups in flight, many lanes fewer (at least 2)."""
+    from zephon_core.pipeline import Plan
+
+    ops = build_recipe(BASE).ops
+    pool = Execution(runner="processes", default_workers=4)
+    assert Plan(ops, pool, lanes=1).prefetch == 8
+    assert Plan(ops, pool, lanes=3).prefetch == 3
+    assert Plan(ops, pool, lanes=16).prefetch == 2
+    assert Plan(ops, Execution(), lanes=1).prefetch == 2
+    assert Plan(ops, replace(pool, prefetch=5), lanes=16).prefetch == 5
+    with Loader(build_recipe(BASE), 0, 2, pool) as loader:
+        assert "up to 4 groups in flight" in loader.explain()
+
+
 def test_global_batch_must_be_a_multiple_of_lanes():
     with pytest.raises(ConfigError) as info:
         Recipe(**{**_recipe_kwargs(), "global_batch_size": 6, "num_lanes": 4})

@@ -78,7 +78,7 @@ def executions(draw: st.DrawFn) -> tuple[Execution, bool]:
         workers=workers,
         default_workers=draw(st.integers(1, 3)),
         group_size=draw(st.integers(1, 6)),
-        prefetch=draw(st.integers(1, 5)),
+        prefetch=draw(st.none() | st.integers(1, 5)),
         prefetch_steps=draw(st.integers(0, 2)),
         fuse=draw(st.booleans()),
     )

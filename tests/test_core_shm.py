@@ -28,28 +28,36 @@ def intact(msg: dict) -> bool:
                 and (msg["ids"] == np.arange(tag, tag + n // 8)).all())
 
 
+def send(pool: shm.SegmentPool, tag: int, size: int, released: list[str]) -> tuple[str, dict]:
+    """One message through the pool; returns its file's name and the received message."""
+    packed = pool.pack([message(tag, size)])
+    (item,) = packed.items
+    (got,) = shm.unpack(packed, released.append)
+    return item, got
+
+
 def test_pooled_file_is_reused_only_after_release():
-    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_segments=2)
+    grain = shm.SegmentPool.GRAIN
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_bytes=2 * grain)
     released: list[str] = []
     try:
-        a = pool.pack(message(1, 100_000))
-        got_a = shm.unpack(a, released.append)
-        b = pool.pack(message(2, 100_000))
+        a, got_a = send(pool, 1, 100_000, released)
+        b, got_b = send(pool, 2, 100_000, released)
         assert a.pooled and b.pooled and a.segment != b.segment
-        got_b = shm.unpack(b, released.append)
-        c = pool.pack(message(3, 100_000))  # both files held by the receiver: one-shot file
-        assert not c.pooled
-        got_c = shm.unpack(c, released.append)
-        assert not (shm.SHM_DIR / c.segment).exists()
+        c, got_c = send(pool, 3, 100_000, released)  # both files held: one-shot file
+        assert not c.pooled and not (shm.SHM_DIR / c.segment).exists()
         assert all(map(intact, (got_a, got_b, got_c)))
         del got_a
         gc.collect()
         assert released == [a.segment]
         pool.release(released)
-        d = pool.pack(message(4, 50_000))
+        d, got_d = send(pool, 4, 50_000, released)
         assert d.segment == a.segment
-        got_d = shm.unpack(d, released.append)
         assert intact(got_d) and intact(got_b)
+        packed = pool.pack([message(5, 10_000), {"no": "arrays"}, message(6, 10_000)])
+        got = shm.unpack(packed, released.append)
+        assert intact(got[0]) and got[1] == {"no": "arrays"} and intact(got[2])
+        assert packed.items[0].segment != packed.items[2].segment  # one file per item
     finally:
         pool.close()
     assert intact(got_d) and intact(got_b)  # unlinked names, mappings still readable
@@ -58,31 +66,35 @@ def test_pooled_file_is_reused_only_after_release():
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(4096, 1_500_000), st.booleans()), min_size=1,
                 max_size=30),
-       st.integers(1, 4))
-def test_pool_never_overwrites_a_held_message(plan, max_segments):
+       st.integers(1, 12))
+def test_pool_never_overwrites_a_held_message(plan, grains):
     """Any sizes, any pattern of holding and dropping: every held message stays intact."""
-    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_segments=max_segments)
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_bytes=grains * shm.SegmentPool.GRAIN)
     released: list[str] = []
     held = []
     try:
         for tag, (size, keep) in enumerate(plan):
             pool.release(released)
             released.clear()
-            got = shm.unpack(pool.pack(message(tag, size)), released.append)
+            _, got = send(pool, tag, size, released)
             assert intact(got)
             if keep:
                 held.append(got)
             del got
             gc.collect()
             assert all(map(intact, held))
-            assert len(pool._maps) <= max_segments
+            assert pool.bytes <= pool.max_bytes
     finally:
         pool.close()
 
 
+def answers_of(k: int, out: list[np.ndarray]) -> bool:
+    return all((a == (3 * k + j) % 251).all() for j, a in enumerate(out))
+
+
 def test_process_runner_answers_stay_intact_while_held():
-    """Hold every answer of a long run (the pool fills and falls back), drop some: no answer
-    is ever overwritten by a later one."""
+    """Hold most answers of a long run (the pool fills and falls back), drop the others: no
+    answer is ever overwritten by a later one."""
     runner = ProcessRunner(shm_stage(), workers=2, name="shm-test")
     try:
         futures = [runner.submit(group(i)) for i in range(0, 120, 3)]
@@ -96,10 +108,6 @@ def test_process_runner_answers_stay_intact_while_held():
         assert all(answers_of(k, out) for k, out in kept)
     finally:
         runner.close()
-
-
-def answers_of(k: int, out: list[np.ndarray]) -> bool:
-    return all((a == (3 * k + j) % 251).all() for j, a in enumerate(out))
 
 
 def group(start: int) -> list[Element]:

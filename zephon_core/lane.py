@@ -57,8 +57,8 @@ class LaneRun:
         self.r = rows_per_step
         ex = plan.execution
         self.group_size = ex.group_size
-        self.prefetch = ex.prefetch
-        self.budget = ex.prefetch * ex.group_size
+        self.prefetch = plan.prefetch
+        self.budget = plan.prefetch * ex.group_size
         self.t = {s.index: _TransformState() for s in self.stages if s.kind == "transform"}
         self.inbox: dict[int, deque[tuple[Origin, Any]]] = {
             s.index: deque() for s in self.stages if s.kind != "transform"}

@@ -71,7 +71,7 @@ class Loader:
                               f"{microbatches} equal microbatches")
         self.microbatches = microbatches
         self.execution = execution or Execution()
-        self.plan = Plan(recipe.ops, self.execution)
+        self.plan = Plan(recipe.ops, self.execution, len(self.lanes))
         self.fingerprint = recipe.fingerprint()
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()

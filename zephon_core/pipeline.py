@@ -42,7 +42,9 @@ class Execution:
     workers: dict[str, int] = field(default_factory=dict)
     default_workers: int | None = None
     group_size: int = 8
-    prefetch: int = 4
+    #: groups in flight per lane and stage; None: enough to give every worker two groups
+    #: (at least 2), so many lanes do not pile up finished documents in memory
+    prefetch: int | None = None
     prefetch_steps: int = 1
     start_method: str = "spawn"
     fuse: bool = True
@@ -51,7 +53,7 @@ class Execution:
         for kind in [self.runner, *self.runners.values()]:
             if kind not in (*RUNNERS, "auto"):
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
-        if self.group_size < 1 or self.prefetch < 1 or self.prefetch_steps < 0:
+        if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
 
     def runner_for(self, t: Transform) -> tuple[str, int]:
@@ -84,7 +86,7 @@ class Stage:
 class Plan:
     """Operators compiled into stages: fused transforms, accumulators, and the packer last."""
 
-    def __init__(self, ops: list[Operator], execution: Execution) -> None:
+    def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1) -> None:
         names = [o.name for o in ops]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -112,6 +114,8 @@ class Plan:
             else:
                 raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
                                   "AccumulatorOp nor a Pack")
+        workers = max((s.workers for s in self.stages if s.runner_kind != "inline"), default=1)
+        self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
 
     @property
     def pack(self) -> Pack:
@@ -140,7 +144,7 @@ class Plan:
                 par = "in the driver thread" if s.runner_kind == "inline" else \
                     f"{s.workers} {s.runner_kind[:-1] if s.workers == 1 else s.runner_kind}"
                 lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
-                             f"groups of {ex.group_size}, up to {ex.prefetch} groups in flight "
+                             f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
                              "per lane]")
             else:
                 lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")

@@ -113,6 +113,10 @@ def pack(obj: Any, prefix: str) -> Packed:
     body, arrays, size = _collect(obj)
     if not arrays:
         return Packed(obj, None, 0)
+    return _one_shot(body, arrays, size, prefix)
+
+
+def _one_shot(body: Any, arrays: list[np.ndarray], size: int, prefix: str) -> Packed:
     name = f"{prefix}{os.getpid()}-{next(_counter)}"
     fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -124,20 +128,28 @@ def pack(obj: Any, prefix: str) -> Packed:
     return Packed(body, name, size)
 
 
+class PackedList(NamedTuple):
+    """A list sent item by item, each item in its own file: an item the receiver keeps
+    long (a document waiting in an open packer bin) pins only its own file."""
+
+    items: list[Packed]
+
+
 class SegmentPool:
     """A sender's reusable shared-memory files (see the module docstring).
 
-    At most `max_segments` files are kept; when all are still held by the
-    receiver, a message falls back to a one-shot file, so a slow receiver
-    costs speed, never correctness.
+    The files take at most `max_bytes`; when that is all still held by the
+    receiver, an item falls back to a one-shot file, so a slow receiver costs
+    speed, never correctness.
     """
 
-    GRAIN = 1 << 20
+    GRAIN = 1 << 18
 
-    def __init__(self, prefix: str, max_segments: int = 8) -> None:
+    def __init__(self, prefix: str, max_bytes: int = 512 << 20) -> None:
         self.base = prefix
         self.prefix = f"{prefix}{os.getpid()}-p"
-        self.max_segments = max_segments
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._maps: dict[str, mmap.mmap] = {}
         self._free: set[str] = set()
         self._ids = itertools.count()
@@ -146,41 +158,43 @@ class SegmentPool:
         """The receiver no longer reads these files; names not of this pool are ignored."""
         self._free.update(n for n in names if n in self._maps)
 
-    def pack(self, obj: Any) -> Packed:
+    def pack(self, items: list[Any]) -> PackedList | Packed:
         if not available():
-            return Packed(obj, None, 0)
+            return Packed(items, None, 0)
+        return PackedList([self._pack_one(x) for x in items])
+
+    def _pack_one(self, obj: Any) -> Packed:
         body, arrays, size = _collect(obj)
         if not arrays:
             return Packed(obj, None, 0)
         name = self._take(size)
         if name is None:
-            return pack(obj, self.base)
-        mm = self._maps[name]
-        _write(mm, arrays)
+            return _one_shot(body, arrays, size, self.base)
+        _write(self._maps[name], arrays)
         return Packed(body, name, size, pooled=True)
 
     def _take(self, size: int) -> str | None:
+        """The smallest free file that fits, else a new one, dropping free files for room."""
         fits = [n for n in self._free if len(self._maps[n]) >= size]
         if fits:
             name = min(fits, key=lambda n: len(self._maps[n]))
-        else:
-            if len(self._maps) >= self.max_segments:
-                if not self._free:
-                    return None
-                self._drop(min(self._free, key=lambda n: len(self._maps[n])))
-            name = self._create(size)
-        self._free.discard(name)
-        return name
-
-    def _create(self, size: int) -> str:
-        size = -(-size // self.GRAIN) * self.GRAIN
+            self._free.discard(name)
+            return name
+        need = -(-size // self.GRAIN) * self.GRAIN
+        for old in sorted(self._free, key=lambda n: len(self._maps[n])):
+            if self.bytes + need <= self.max_bytes:
+                break
+            self._drop(old)
+        if self.bytes + need > self.max_bytes:
+            return None
         name = f"{self.prefix}{next(self._ids)}"
         fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
-            self._maps[name] = mmap.mmap(fd, size)
+            os.ftruncate(fd, need)
+            self._maps[name] = mmap.mmap(fd, need)
         finally:
             os.close(fd)
+        self.bytes += need
         return name
 
     def close(self) -> None:
@@ -190,13 +204,18 @@ class SegmentPool:
 
     def _drop(self, name: str) -> None:
         self._free.discard(name)
-        self._maps.pop(name).close()
+        mm = self._maps.pop(name)
+        self.bytes -= len(mm)
+        mm.close()
         (SHM_DIR / name).unlink(missing_ok=True)
 
 
-def unpack(packed: Packed, on_release: Callable[[str], None] | None = None) -> Any:
+def unpack(packed: Packed | PackedList,
+           on_release: Callable[[str], None] | None = None) -> Any:
     """Rebuild a message. A one-shot file is unlinked here; a pooled one is handed to
     `on_release` once the last array viewing it is garbage."""
+    if isinstance(packed, PackedList):
+        return [unpack(p, on_release) for p in packed.items]
     if packed.segment is None:
         return packed.body
     path = SHM_DIR / packed.segment

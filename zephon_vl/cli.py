@@ -34,7 +34,9 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
                    help="runner of one operator, e.g. --op-runner read=threads")
     g.add_argument("--group-size", type=int, default=8)
-    g.add_argument("--prefetch", type=int, default=4, help="groups in flight per lane and stage")
+    g.add_argument("--prefetch", type=int, default=None,
+                   help="groups in flight per lane and stage (default: two per worker over the "
+                   "rank's lanes, at least 2)")
     g.add_argument("--prefetch-steps", type=int, default=1)
 
 

@@ -175,7 +175,9 @@ class ZephonDataLoader(BaseDataLoader):
         """Workers of operators not named in ``workers``; 0 = one process per core."""
 
         group_size: int = 8
-        prefetch: int = 4
+        prefetch: int = 0
+        """Groups in flight per lane and stage; 0 = two per worker over the rank's lanes."""
+
         prefetch_steps: int = 1
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
@@ -227,7 +229,7 @@ class ZephonDataLoader(BaseDataLoader):
             self.pad_id = collate.special.pad
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
                                    default_workers=config.default_workers or None,
-                                   group_size=config.group_size, prefetch=config.prefetch,
+                                   group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background)
