@@ -7,15 +7,16 @@ Stages: ``read`` (pread of the tar members), ``decode`` (JPEG header, optional
 draft, full decode, RGB), ``resize`` (target size + bicubic resize),
 ``patchify`` (uint8 patch rows), ``video`` (PyAV decode + resize + patchify of
 the few video samples), ``tokenize`` (multimodal tokenization), ``pack``
-(zephon's best-fit packer), and ``transfer``: what zephon's process runner
-does to move one sample between processes (the request with the encoded
-bytes, pickled; the answer with its patch rows copied into shared memory and
-mapped back), done in one process so only the copy and (de)serialization cost
-shows, not the wait.
+(zephon's best-fit packer), and ``transfer``: what zephon's default process
+runner does to move one sample between processes (the request, a pointer,
+pickled; the answer with its patch rows copied into a pooled shared-memory
+file, pickled, mapped back and released), done in one process so only the
+copy and (de)serialization cost shows, not the wait.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import time
@@ -43,7 +44,8 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
     clock = time.process_time  # CPU time: other jobs on the machine do not inflate it
     pointers = work.pointers[:num_samples]
     n = images = 0
-    prefix = "zephon-bench-breakdown-"
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-breakdown-")
+    released: list[str] = []
     for seq, p in enumerate(pointers):
         t = clock()
         sample = reader.read(p.shard, p.index)
@@ -80,11 +82,14 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
         acc["tokenize"] += clock() - t
         origin = Origin(seq, p.dataset, p.shard, p.index, 0)
         t = clock()
-        # the process runner's two hops: request (pointer's bytes) and answer (patch rows)
-        req = shm.pack([Element(0, sample, origin)], prefix)
-        shm.unpack(pickle.loads(pickle.dumps(req, protocol=pickle.HIGHEST_PROTOCOL)))
-        ans = shm.pack([out], prefix)
-        shm.unpack(pickle.loads(pickle.dumps(ans, protocol=pickle.HIGHEST_PROTOCOL)))
+        # the process runner's two hops: request (a pointer) and answer (patch rows)
+        req = pickle.dumps((0, shm.Packed([Element(0, p, origin)], None, 0), released),
+                           protocol=pickle.HIGHEST_PROTOCOL)
+        pool.release(pickle.loads(req)[2])
+        released.clear()
+        ans = pickle.dumps(pool.pack([out]), protocol=pickle.HIGHEST_PROTOCOL)
+        received = shm.unpack(pickle.loads(ans), released.append)
+        del received  # the packer below takes the worker's own arrays: this copy lets go
         acc["transfer"] += clock() - t
         t = clock()
         packer.push(origin, out)
@@ -92,6 +97,7 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
             pass
         acc["pack"] += clock() - t
         n += 1
+    pool.close()
     total = sum(acc[s] for s in STAGES)
     return {
         "samples": n,

@@ -23,7 +23,7 @@ def markdown(report: dict) -> str:
         f"draft {s['draft']}, PIL {m['pillow_backend']}; medians of {report['reps']} rep(s).",
         "",
         "| loader | configuration | samples/s | tokens/s | images/s | first batch s "
-        "| CPU ms/sample | cores used | peak RSS MB | peak shm MB | outside load "
+        "| CPU ms/sample | cores used | peak memory MB | peak shm MB | outside load "
         "| runs ok/disturbed |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
     ]
@@ -36,7 +36,7 @@ def markdown(report: dict) -> str:
             f"| {FAMILY_NAMES[c['family']]} | {name} | {_f(med.get('samples_per_s'))} "
             f"| {_f(med.get('tokens_per_s'), 0)} | {_f(med.get('images_per_s'))} "
             f"| {_f(med.get('ttfb_s'), 2)} | {_f(None if cpu is None else 1000 * cpu)} "
-            f"| {_f(med.get('cores_used'), 2)} | {_f(med.get('peak_rss_mb'), 0)} "
+            f"| {_f(med.get('cores_used'), 2)} | {_f(med.get('peak_mem_mb'), 0)} "
             f"| {_f(med.get('peak_shm_mb'), 0)} "
             f"| {_f(None if med.get('outside_load') is None else 100 * med['outside_load'], 0)}% "
             f"| {c['runs_ok']}/{c['runs_disturbed']} |")
