@@ -47,7 +47,7 @@ class Series:
     t: list[float] = field(default_factory=list)
     tree_cpu: list[float] = field(default_factory=list)
     tree_rss: list[float] = field(default_factory=list)
-    tree_uss: list[float] = field(default_factory=list)
+    tree_pss: list[float] = field(default_factory=list)
     machine_busy: list[float] = field(default_factory=list)
     self_cpu: list[float] = field(default_factory=list)
     tree_procs: list[int] = field(default_factory=list)
@@ -78,16 +78,16 @@ class TreeMonitor(threading.Thread):
                     self._procs[child.pid] = child
         except psutil.Error:
             pass
-        rss = uss = 0
+        rss = pss = 0
         alive = 0
         for pid, proc in list(self._procs.items()):
             try:
                 with proc.oneshot():
                     ct = proc.cpu_times()
-                    mem = proc.memory_full_info()  # uss: pages no other process maps
+                    mem = proc.memory_full_info()
                 self._cpu[pid] = ct.user + ct.system  # dead processes keep their last value
                 rss += mem.rss
-                uss += mem.uss
+                pss += mem.pss
                 alive += 1
             except psutil.Error:
                 self._procs.pop(pid, None)
@@ -95,7 +95,7 @@ class TreeMonitor(threading.Thread):
         s.t.append(now())
         s.tree_cpu.append(sum(self._cpu.values()))
         s.tree_rss.append(rss)
-        s.tree_uss.append(uss)
+        s.tree_pss.append(pss)
         s.machine_busy.append(machine_busy_seconds())
         s.self_cpu.append(time.process_time())
         s.tree_procs.append(alive)
@@ -167,10 +167,10 @@ def metrics(result: dict, series: Series, warm_frac: float = 0.2,
         / samples if samples else None,
         "peak_rss_mb": max(series.tree_rss) / 2**20 if series.tree_rss else None,
         "peak_shm_mb": (max(series.shm) - series.shm[0]) / 2**20 if series.shm else None,
-        # private pages of every process + the shared memory they added: each page once
-        "peak_mem_mb": max(u + m - series.shm[0] for u, m in zip(series.tree_uss, series.shm,
-                                                                 strict=True)) / 2**20
-        if series.shm else None,
+        # PSS: a page mapped by k processes counts 1/k in each, so the sum counts it once
+        # (shared-memory files included while mapped); forked pages shared with the
+        # harness count in part
+        "peak_mem_mb": max(series.tree_pss) / 2**20 if series.tree_pss else None,
         "outside_load": outside,
         "outside_load_steady": outside_w,
         "steady_samples": samples,

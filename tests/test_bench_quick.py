@@ -71,8 +71,8 @@ def test_metrics_on_a_synthetic_run() -> None:
         s.tree_cpu.append(2 * t)
         s.root_cpu.append(0.1 * t)
         s.tree_rss.append(1e9)
-        s.tree_uss.append(6e8 if t == 15.0 else 5e8)
-        s.shm.append(2e8 if t != 15.0 else 3e8)
+        s.tree_pss.append(6e8 if t == 15.0 else 5e8)
+        s.shm.append(2e8)
         s.machine_busy.append(2.5 * t)
         s.self_cpu.append(0.0)
     m = measure.metrics(result, s)
@@ -82,7 +82,7 @@ def test_metrics_on_a_synthetic_run() -> None:
     assert m["cpu_s_per_sample"] == pytest.approx(0.2)
     assert m["cores_used"] == pytest.approx(2.0)
     assert m["outside_load"] == pytest.approx(0.5 / measure.NCPU)
-    assert m["peak_mem_mb"] == pytest.approx((6e8 + 1e8) / 2**20)  # private + shm growth
+    assert m["peak_mem_mb"] == pytest.approx(6e8 / 2**20)
     assert set(METRICS) <= set(m)
 
 
