@@ -24,7 +24,7 @@ pytest.importorskip("grain")
 pytest.importorskip("psutil")
 
 from benchmarks import loaders, measure, report  # noqa: E402
-from benchmarks.vlm_bench import METRICS, configurations  # noqa: E402
+from benchmarks.vlm_bench import METRICS, configurations, summarize  # noqa: E402
 from benchmarks.workload import Work, WorkSpec  # noqa: E402
 
 
@@ -84,6 +84,24 @@ def test_metrics_on_a_synthetic_run() -> None:
     assert m["outside_load"] == pytest.approx(0.5 / measure.NCPU)
     assert m["peak_mem_mb"] == pytest.approx(6e8 / 2**20)
     assert set(METRICS) <= set(m)
+
+
+def test_best_is_a_median_of_repeated_runs() -> None:
+    """One lucky single run never outranks the re-measured configuration's median."""
+    def runs(*rates: float) -> list[dict]:
+        return [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": r}
+                for r in rates]
+
+    rep = {"settings": {}, "configs": [
+        {"name": "zephon default", "family": "zephon", "scaling": 2, "runs": runs(300, 310, 290)},
+        {"name": "zephon lucky", "family": "zephon", "scaling": None, "runs": runs(400)},
+        {"name": "grain a", "family": "grain", "scaling": 2, "runs": runs(200, 210, 190)},
+        {"name": "raw", "family": "limit", "scaling": 2, "runs": runs(350, 360, 340)},
+    ]}
+    out = summarize(rep)
+    assert out["best"]["zephon"] == "zephon default"
+    assert out["ratio_vs_limit"] == pytest.approx(300 / 350)
+    assert out["ratio_vs_grain"] == pytest.approx(300 / 200)
 
 
 def test_grid_report_and_command(tmp_path: Path) -> None:
