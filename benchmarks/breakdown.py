@@ -71,7 +71,7 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
                 t1 = clock()
                 arr = resize_rgb(rgb, th, tw, settings)
                 t2 = clock()
-                finish_patches(arr[None], settings)
+                finish_patches(arr[None], settings, one_frame=True)
                 t3 = clock()
                 acc["decode"] += t1 - t0
                 acc["resize"] += t2 - t1

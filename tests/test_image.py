@@ -29,6 +29,7 @@ from zephon_vl.image import (
     ImageSettings,
     VisionPatches,
     normalize_patches,
+    patch_rows,
     pillow_backend,
     process_image,
     smart_resize,
@@ -199,6 +200,26 @@ def test_collate_path_equals_worker_path_bitwise():
         later = normalize_patches(u8.pixel_values, ImageSettings())
         assert later.dtype == np.float32 and later.shape == f32.pixel_values.shape
         assert np.array_equal(later.view(np.uint32), f32.pixel_values.view(np.uint32))
+
+
+def test_one_frame_rows_lay_out_to_the_full_rows_bitwise():
+    """Workers ship one frame per still image; `patch_rows` (the collate) restores the
+    T-frame layout: float32 rows identical to normalizing the full rows, in either mode."""
+    full_u8 = [process_image(_encode(_photo(n), quality=90), ImageSettings()).pixel_values
+               for n in PHOTOS[:3]]
+    want = np.concatenate([normalize_patches(x, ImageSettings()) for x in full_u8])
+    for mode in ("collate", "worker"):
+        s = ImageSettings(normalize=mode)
+        one = [process_image(_encode(_photo(n), quality=90), s, one_frame=True)
+               for n in PHOTOS[:3]]
+        assert all(o.pixel_values.shape[1] == 3 * 14 * 14 for o in one)
+        assert [o.num_patches for o in one] == [len(x) for x in full_u8]
+        # mixed with rows that already hold T frames (videos)
+        got = patch_rows([one[0].pixel_values, full_u8[1], one[2].pixel_values], s)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), mode
+    with pytest.raises(ValueError, match="neither one frame"):
+        patch_rows([np.zeros((4, 100), np.uint8)], ImageSettings())
 
 
 def test_normalize_patches_is_per_channel():

@@ -15,7 +15,7 @@ import torch
 
 from zephon_core.packing import Row, text_row_arrays
 
-from .image import ImageSettings, normalize_patches
+from .image import ImageSettings, patch_rows
 from .vl_ops import VisionTokens
 
 
@@ -36,14 +36,12 @@ class VLCollate:
         pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
         grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
         if pixels:
-            pv = np.concatenate(pixels)
-            if pv.dtype == np.uint8:
-                pv = normalize_patches(pv, self.image)
+            pv = patch_rows(pixels, self.image)
             thw = np.stack(grids).astype(np.int64)
         else:
             pv = np.zeros((0, self.row_width), dtype=np.float32)
             thw = np.zeros((0, 3), dtype=np.int64)
-        out["pixel_values"] = torch.from_numpy(np.ascontiguousarray(pv, dtype=np.float32))
+        out["pixel_values"] = torch.from_numpy(pv)
         out["grid_thw"] = torch.from_numpy(thw)
         for name, value in (("image_token_id", self.special.image_pad),
                             ("video_token_id", self.special.video_pad),

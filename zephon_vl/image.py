@@ -38,6 +38,7 @@ __all__ = [
     "ImageSettings",
     "VisionPatches",
     "normalize_patches",
+    "patch_rows",
     "patchify",
     "pillow_backend",
     "process_image",
@@ -164,7 +165,9 @@ class ImageSettings:
 class VisionPatches:
     """Patch rows of one image or video, in the vision tower's input layout."""
 
-    pixel_values: np.ndarray  # [t*h*w, 3*T*P*P], uint8 or float32
+    #: [t*h*w, 3*T*P*P], uint8 or float32; [h*w, 3*P*P] for a still image decoded with
+    #: ``one_frame=True`` (its T identical frames are laid out later, by `patch_rows`)
+    pixel_values: np.ndarray
     grid_thw: np.ndarray  # int64, shape (3,)
 
     @property
@@ -267,11 +270,20 @@ def patchify(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
     return _patchify(frames, settings.patch_size, settings.merge_size, settings.temporal_patch_size)
 
 
-def finish_patches(frames: np.ndarray, settings: ImageSettings) -> VisionPatches:
-    """Lay out uint8 frames and normalize them if the settings say the worker does it."""
+def finish_patches(frames: np.ndarray, settings: ImageSettings,
+                   one_frame: bool = False) -> VisionPatches:
+    """Lay out uint8 frames and normalize them if the settings say the worker does it.
+
+    With `one_frame`, a single frame is not repeated over the temporal axis:
+    half the bytes to lay out, move between processes and hold until collate.
+    """
     p, m, tp = settings.patch_size, settings.merge_size, settings.temporal_patch_size
     f, h, w, _ = frames.shape
-    if settings.normalize == "collate":
+    if one_frame and f == 1:
+        rows = _patchify(frames, p, m, 1)
+        if settings.normalize == "worker":
+            rows = normalize_patches(rows, settings)
+    elif settings.normalize == "collate":
         rows = _patchify(frames, p, m, tp)
     elif f == 1:  # normalize one copy, then repeat it: half the table lookups
         one = normalize_patches(_patchify(frames, p, m, 1), settings)
@@ -352,8 +364,34 @@ def _open(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
     return img
 
 
-def process_image(data: bytes, settings: ImageSettings, where: str = "?") -> VisionPatches:
-    """Encoded image bytes -> patch rows; bad input raises BadSampleError, never a PIL error."""
+def patch_rows(items: list[np.ndarray], settings: ImageSettings) -> np.ndarray:
+    """Patch rows of several images/videos -> one float32 ``[patches, 3*T*P*P]`` array.
+
+    Takes uint8 or float32 rows, of T frames or of one frame (``one_frame``),
+    normalizes uint8 and repeats one frame over the temporal axis while
+    writing the output, so a one-frame image costs half the table lookups.
+    """
+    tp, k = settings.temporal_patch_size, settings.patch_size ** 2
+    out = np.empty((sum(len(x) for x in items), 3, tp, k), dtype=np.float32)
+    at = 0
+    for x in items:
+        n = len(x)
+        if x.shape[1] not in (3 * k, 3 * tp * k):
+            raise ValueError(f"patch rows of width {x.shape[1]} are neither one frame "
+                             f"({3 * k}) nor {tp} frames ({3 * tp * k})")
+        if x.dtype == np.uint8:
+            x = normalize_patches(x, settings)
+        out[at:at + n] = x.reshape(n, 3, -1, k)
+        at += n
+    return out.reshape(len(out), 3 * tp * k)
+
+
+def process_image(data: bytes, settings: ImageSettings, where: str = "?",
+                  one_frame: bool = False) -> VisionPatches:
+    """Encoded image bytes -> patch rows; bad input raises BadSampleError, never a PIL error.
+
+    `one_frame`: rows of one frame, to be repeated by `patch_rows` (see `finish_patches`).
+    """
     warn_if_not_simd()
     img = _open(data, settings, where)
     w, h = img.size
@@ -370,4 +408,4 @@ def process_image(data: bytes, settings: ImageSettings, where: str = "?") -> Vis
     if rgb.width < 1 or rgb.height < 1:
         raise BadSampleError("image_too_small", where, f"decoded {rgb.width}x{rgb.height}")
     arr = resize_rgb(rgb, th, tw, settings)
-    return finish_patches(arr[None], settings)
+    return finish_patches(arr[None], settings, one_frame)

@@ -97,13 +97,14 @@ class DecodeVision(Transform):
             parts = meta["text"]
             if sum(p is None for p in parts) != len(indexed):
                 raise BadSampleError("bad_json", where, "number of nulls != number of images")
-            vision = [process_image(sample[k], self.image, f"{where}.{k}") for _, k in indexed]
+            vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+                      for _, k in indexed]
             return {**base, "kind": "interleaved", "parts": parts, "vision": vision,
                     "video": [False] * len(vision)}
         ext = next((e for e in IMAGE_EXTS if e in sample), None)
         if ext is None:
             raise BadSampleError("missing_image", where, "no jpg/png/webp/mp4 member")
-        img = process_image(sample[ext], self.image, f"{where}.{ext}")
+        img = process_image(sample[ext], self.image, f"{where}.{ext}", one_frame=True)
         if isinstance(meta, dict) and isinstance(meta.get("conversations"), list):
             return {**base, "kind": "conversation", "turns": meta["conversations"],
                     "vision": [img], "video": [False]}
