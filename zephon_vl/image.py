@@ -18,7 +18,10 @@ float rounding change upstream.
 Normalization is a 256-entry lookup table per channel. The worker path
 ("worker") and the collate path ("collate": uint8 rows, then
 :func:`normalize_patches`) index the same table, so they agree bit for bit,
-and uint8 rows are 4x smaller to move between processes.
+and uint8 rows are 4x smaller to move between processes. A still image's
+``temporal_patch`` frames are identical, so the pipeline's workers ship one
+(``one_frame=True``) and :func:`patch_rows` repeats it while normalizing in
+the collate: the same float32 rows, from half the bytes.
 """
 
 from __future__ import annotations
