@@ -8,7 +8,8 @@ no pickled copy of pixel data is ever made.
 
 A fresh file costs the kernel a page fault and a zeroed page per 4 KiB on
 every message, about as much as the copy itself. Workers therefore answer
-through a `SegmentPool`: a few files they keep mapped and reuse. The receiver
+through a `SegmentPool`: files they keep mapped and reuse, one per document
+of an answer. The receiver
 maps a pooled file without unlinking it and reports it free (`on_release`)
 only once every array viewing it is gone, so a file is never rewritten while
 anyone can still read it.
