@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 
 import numpy as np
@@ -61,6 +62,29 @@ def test_pooled_file_is_reused_only_after_release():
     finally:
         pool.close()
     assert intact(got_d) and intact(got_b)  # unlinked names, mappings still readable
+
+
+def test_past_the_mapping_budget_answers_are_copied_and_released_at_once(monkeypatch):
+    """Each held mapping costs a file descriptor: past the budget the receiver copies."""
+    monkeypatch.setattr(shm, "_held", shm._MappingBudget())
+    shm._held.limit = 1
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-")
+    released: list[str] = []
+    try:
+        a, got_a = send(pool, 1, 100_000, released)
+        assert released == [] and shm._held.held == 1
+        b, got_b = send(pool, 2, 100_000, released)
+        assert released == [b.segment] and shm._held.held == 1  # copied, file free again
+        assert not isinstance(got_b["pixels"].base, mmap.mmap)
+        pool.release(released)
+        c, got_c = send(pool, 3, 100_000, released)  # reuses b's file: b's copy unharmed
+        assert c.segment == b.segment
+        assert intact(got_a) and intact(got_b) and intact(got_c)
+        del got_a
+        gc.collect()
+        assert shm._held.held == 0 and a.segment in released
+    finally:
+        pool.close()
 
 
 @settings(max_examples=30, deadline=None)

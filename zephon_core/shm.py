@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import mmap
 import os
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -227,14 +228,72 @@ def unpack(packed: Packed | PackedList,
         os.close(fd)
         if not packed.pooled:
             os.unlink(path)
+    copy = False
     if packed.pooled and on_release is not None:
-        weakref.finalize(mm, on_release, packed.segment).atexit = False
+        copy = not _held.take()
+        if not copy:
+            fin = weakref.finalize(mm, _let_go, on_release, packed.segment)
+            fin.atexit = False
 
     def give(ref: _ArrayRef) -> np.ndarray:
         count = int(np.prod(ref.shape, dtype=np.int64))
-        return np.frombuffer(mm, np.dtype(ref.dtype), count, ref.offset).reshape(ref.shape)
+        a = np.frombuffer(mm, np.dtype(ref.dtype), count, ref.offset).reshape(ref.shape)
+        return a.copy() if copy else a
 
-    return _walk(packed.body, _is_ref, give)
+    out = _walk(packed.body, _is_ref, give)
+    if copy:
+        mm.close()
+        on_release(packed.segment)
+    return out
+
+
+class _MappingBudget:
+    """Pooled mappings this process may hold: CPython's mmap keeps a file descriptor per
+    mapping, so past half the open-files limit answers are copied out and released at
+    once (slower, never "Too many open files")."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held = 0
+        self.limit: int | None = None  # set at first use: it may raise the process's limit
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.limit is None:
+                self.limit = max(16, _open_files_limit() // 2)
+            if self.held >= self.limit:
+                return False
+            self.held += 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.held -= 1
+
+
+def _open_files_limit() -> int:
+    """The soft open-files limit, raised towards the hard one (at most 65,536) first."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return 65536 if soft == resource.RLIM_INFINITY else soft
+
+
+_held = _MappingBudget()
+
+
+def _let_go(on_release: Callable[[str], None], name: str) -> None:
+    _held.give_back()
+    on_release(name)
 
 
 def discard(packed: Packed) -> None:
