@@ -12,13 +12,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
 import warnings
-import zlib
 
 import numpy as np
 import pytest
 import skimage.data
+from _vl_helpers import png_header_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
@@ -81,17 +80,6 @@ def _photo(name: str, scale: float = 1.0) -> Image.Image:
         size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
         img = img.resize(size, Image.Resampling.BILINEAR)
     return img
-
-
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG signature + IHDR (valid CRC) + IEND: a header that claims a size, no pixels."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 # --- agreement with transformers -------------------------------------------------------
@@ -263,10 +251,10 @@ def test_draft_skipped_when_target_is_over_half():
     [
         (np.random.default_rng(0).bytes(4096), "corrupt_image"),
         (b"", "corrupt_image"),
-        (_png_header_only(100_000, 100_000), "decompression_bomb"),  # PIL's own limit too
-        (_png_header_only(9000, 9000), "decompression_bomb"),  # only ours (81M > 64M)
-        (_png_header_only(64, 64), "corrupt_image"),  # header fine, no pixel data
-        (_png_header_only(1, 300), "bad_aspect_ratio"),
+        (png_header_only(100_000, 100_000), "decompression_bomb"),  # PIL's own limit too
+        (png_header_only(9000, 9000), "decompression_bomb"),  # only ours (81M > 64M)
+        (png_header_only(64, 64), "corrupt_image"),  # header fine, no pixel data
+        (png_header_only(1, 300), "bad_aspect_ratio"),
     ],
     ids=["random", "empty", "png-bomb-1e10", "png-bomb-81M", "png-no-idat", "aspect-300"],
 )

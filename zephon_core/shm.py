@@ -297,8 +297,8 @@ def _let_go(on_release: Callable[[str], None], name: str) -> None:
 
 
 def discard(packed: Packed) -> None:
-    """Remove the file of a message that will never be received (pooled files stay)."""
-    if packed.segment is not None and not packed.pooled:
+    """Remove the file of a message that will never be received."""
+    if packed.segment is not None:
         (SHM_DIR / packed.segment).unlink(missing_ok=True)
 
 
