@@ -3,6 +3,9 @@
 Writes, per rank, the local batches' digests and tensors and the state_dict()
 taken after `--save-at` steps, so the test can check that every rank returned
 the same global state and that concatenated local batches form the global batch.
+It also writes the native gloo threads still running after
+``destroy_process_group``: a reference to a group held past it keeps them
+alive into interpreter shutdown, where they abort the process now and then.
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ def make_recipe() -> Recipe:
               for s in range(6)]
     reader = InMemoryReader(shards)
     ops = [Shuffle(32), Read([reader]), Map(to_tokens), Pack(64, max_open_bins=3)]
-    return Recipe([Dataset("mem", reader)], ops, global_batch_size=8, num_lanes=4, seed=11)
+    # One epoch: ranks agree on the end of data over the loader's own gloo group.
+    return Recipe([Dataset("mem", reader)], ops, global_batch_size=8, num_lanes=4, seed=11,
+                  epochs=1)
+
+
+def gloo_threads() -> list[str]:
+    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip()
+             for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
 
 
 def main() -> None:
@@ -65,6 +76,7 @@ def main() -> None:
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
+    (out / f"threads-rank{rank}.json").write_text(json.dumps(gloo_threads()))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The CI gate draws the same examples every run (derandomize), so a red run
+# means the change broke something; `make test` elsewhere explores new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("ZEPHON_HYPOTHESIS_PROFILE", "dev"))
 
 SHM = Path("/dev/shm")
 

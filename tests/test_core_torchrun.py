@@ -25,6 +25,9 @@ def _torchrun(nproc: int, out: Path, *extra: str) -> None:
            f"--nproc_per_node={nproc}", str(JOB), "--out", str(out), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for r in range(nproc):
+        left = json.loads((out / f"threads-rank{r}.json").read_text())
+        assert left == [], f"rank {r}: gloo threads outlived destroy_process_group: {left}"
 
 
 def _global_digests(out: Path, nproc: int) -> dict[int, str]:

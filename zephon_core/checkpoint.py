@@ -139,13 +139,25 @@ _GLOO: Any = None
 
 
 def _gloo_group() -> Any:
+    """A gloo group over every rank: WORLD itself, or one made once beside NCCL.
+
+    Only a weak reference is cached: torch's registry owns the group, so
+    ``destroy_process_group`` really frees it. A strong module-level reference
+    kept gloo's threads alive into interpreter shutdown, where joining them
+    aborted the process (``terminate called without an active exception``).
+    """
+    import weakref
+
     import torch.distributed as dist
 
     global _GLOO
-    if _GLOO is None:
-        _GLOO = (dist.group.WORLD if dist.get_backend() == "gloo"
-                 else dist.new_group(backend="gloo"))
-    return _GLOO
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    group = _GLOO() if _GLOO is not None else None
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        _GLOO = weakref.ref(group)
+    return group
 
 
 def save_state(state: dict, path: str | Path) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import check_state, gather_global_state, make_state
-from .errors import ConfigError
+from .errors import ConfigError, ZephonError
 from .lane import LaneRun
 from .packing import Row
 from .pipeline import Execution, Plan
@@ -81,12 +83,14 @@ class Loader:
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
-        self._end_group = None
+        # A weak reference: torch's registry owns the group, so destroy_process_group frees
+        # it and its threads before interpreter shutdown (see checkpoint._gloo_group).
+        self._end_group: Callable[[], Any] | None = None
         if recipe.epochs is not None:
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                self._end_group = dist.new_group(backend="gloo")
+                self._end_group = weakref.ref(dist.new_group(backend="gloo"))
         self.background = background
         self._thread: threading.Thread | None = None
         self.step = 0
@@ -186,8 +190,12 @@ class Loader:
         import torch
         import torch.distributed as dist
 
+        group = self._end_group()
+        if group is None:
+            raise ZephonError("the loader's gloo group was destroyed (destroy_process_group) "
+                               "while data was still being read; close the loader first")
         flag = torch.tensor([1 if full else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._end_group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
         return bool(flag.item())
 
     def leftover(self) -> dict:
