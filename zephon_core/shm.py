@@ -9,10 +9,9 @@ no pickled copy of pixel data is ever made.
 A fresh file costs the kernel a page fault and a zeroed page per 4 KiB on
 every message, about as much as the copy itself. Workers therefore answer
 through a `SegmentPool`: files they keep mapped and reuse, one per document
-of an answer. The receiver
-maps a pooled file without unlinking it and reports it free (`on_release`)
-only once every array viewing it is gone, so a file is never rewritten while
-anyone can still read it.
+of an answer. The receiver maps a pooled file without unlinking it and
+reports it free (`on_release`) only once every array viewing it is gone, so
+a file is never rewritten while anyone can still read it.
 """
 
 from __future__ import annotations
@@ -97,8 +96,8 @@ def _collect(obj: Any) -> tuple[Any, list[np.ndarray], int]:
     return body, arrays, offset
 
 
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+def _aligned(n: int, to: int = _ALIGN) -> int:
+    return -(-n // to) * to
 
 
 def _write(mm: mmap.mmap, arrays: list[np.ndarray]) -> None:
@@ -182,7 +181,7 @@ class SegmentPool:
             name = min(fits, key=lambda n: len(self._maps[n]))
             self._free.discard(name)
             return name
-        need = -(-size // self.GRAIN) * self.GRAIN
+        need = _aligned(size, self.GRAIN)
         for old in sorted(self._free, key=lambda n: len(self._maps[n])):
             if self.bytes + need <= self.max_bytes:
                 break
