@@ -11,4 +11,4 @@ test: setup
 	python3 -m pytest -q -p no:cacheprovider
 
 lint:
-	ruff check zephon_core zephon_vl benchmarks tests
+	ruff check zephon_core zephon_vl benchmarks tests scripts

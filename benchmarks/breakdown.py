@@ -22,17 +22,17 @@ import re
 import time
 from collections import defaultdict
 
-from .workload import Work, WorkSpec
+from zephon_bench.workload import Work, WorkSpec
 
 STAGES = ("read", "decode", "resize", "patchify", "video", "tokenize", "pack", "transfer")
 _IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
 
 
 def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
-    from zephon_core import shm
+    from zephon_core.engine import shm
     from zephon_core.records import Element, Origin
-    from zephon_vl.image import _open, finish_patches, resize_rgb, target_size, to_rgb
-    from zephon_vl.video import process_video
+    from zephon_vl.media.image import _open, finish_patches, resize_rgb, target_size, to_rgb
+    from zephon_vl.media.video import process_video
 
     work = Work.build(spec)
     read, decode_op, tokenize_op = work.fn.transforms

@@ -1,6 +1,6 @@
 """Engine measurements for issue 2: restore cost, checkpoint size, fill, text throughput.
 
-    python -m benchmarks.core_bench [--quick] [--json PATH] [--md PATH]
+    python -m zephon_bench.core_bench [--quick] [--json PATH] [--md PATH]
 
 Restore time is measured on a synthetic recipe (no tokenizer, so the number
 is the engine's own cost): after 10 and after 1000 steps, with 1, 4 and 16
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_core.checkpoint import merge_states
-from zephon_core.loader import Loader
-from zephon_core.operators import Map
-from zephon_core.packing import Pack
-from zephon_core.pipeline import Execution
-from zephon_core.readers import InMemoryReader
-from zephon_core.recipe import Recipe
-from zephon_core.recipes import text_demo
-from zephon_core.shuffle import Shuffle
-from zephon_core.sources import Dataset
-from zephon_core.text_ops import Read
+from zephon_core.data.read import Read
+from zephon_core.data.readers import InMemoryReader
+from zephon_core.data.sources import Dataset
+from zephon_core.engine.checkpoint import merge_states
+from zephon_core.engine.execution import Execution
+from zephon_core.engine.loader import Loader
+from zephon_core.ops.contract import Map
+from zephon_core.ops.pack import Pack
+from zephon_core.ops.shuffle import Shuffle
+from zephon_core.recipes.recipe import Recipe
+from zephon_core.recipes.text import text_demo
 
 
 def synthetic_tokens(sample: dict) -> dict:

@@ -1,6 +1,6 @@
 """One configuration of one loader, run to the end of the data (runs in its own process).
 
-Every runner builds the same :class:`~benchmarks.workload.Work`, starts the
+Every runner builds the same :class:`~zephon_bench.workload.Work`, starts the
 clock when the loader is constructed (so time to first batch includes worker
 start-up) and records two curves:
 
@@ -27,10 +27,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any
 
-from zephon_core.packing import Row
-from zephon_core.records import Dropped, Origin, Pointer
+from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
-from .workload import RowBatcher, Tally, Work, WorkSpec, stand_in
+from zephon_core.ops.pack import Row
+from zephon_core.records import Dropped, Origin, Pointer
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
 
@@ -113,7 +113,7 @@ def zephon_execution(cli_args: list[str]) -> Any:
     exactly the command line's default, whatever it becomes."""
     import argparse
 
-    from zephon_vl.cli import add_execution_args, execution_from
+    from zephon_vl.cli.main import add_execution_args, execution_from
 
     p = argparse.ArgumentParser()
     add_execution_args(p)
@@ -122,7 +122,7 @@ def zephon_execution(cli_args: list[str]) -> Any:
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     """`params["cli"]`: execution options as on the command line, e.g. ``--workers decode=2``."""
-    from zephon_core.loader import Loader
+    from zephon_core.engine.loader import Loader
 
     recipe = spec.recipe()
     ex = zephon_execution(list(params.get("cli", [])))

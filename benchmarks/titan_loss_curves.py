@@ -1,12 +1,12 @@
 """Loss curves of TorchTitan's llama3 debug model fed by zephon at D = 1, 2, 4 (CPU, gloo).
 
-    python -m benchmarks.titan_loss_curves            # writes docs/titan_loss_curves.{png,json}
+    python -m zephon_bench.titan_loss_curves            # writes docs/titan_loss_curves.{png,json}
 
 Each data-parallel degree is a real ``torchrun`` job (gloo). Every job starts
 from the same initial weights (built once, saved, loaded by every rank) and
 gets its batches from ``ZephonDataLoader`` built through its TorchTitan
 Config; the forward, backward and loss are TorchTitan's model code
-(``zephon_vl.titan.tiny``), gradients are summed over ranks with
+(``zephon_vl.testing.tiny_model``), gradients are summed over ranks with
 ``all_reduce``. The ``D = 2`` job saves a checkpoint after ``--save-at`` steps
 (weights and AdamW state with ``torch.save``, the dataloader through
 ``torch.distributed.checkpoint`` as TorchTitan does); it is resumed at
@@ -43,9 +43,9 @@ def _worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from zephon_core.digest import batch_digest
+    from zephon_core.common.digest import batch_digest
+    from zephon_vl.testing.tiny_model import build_model, fold_vocab, make_optimizer, train_step
     from zephon_vl.titan.dataloader import ZephonDataLoader
-    from zephon_vl.titan.tiny import build_model, fold_vocab, make_optimizer, train_step
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -104,7 +104,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _launch(nproc: int, out: Path, args: argparse.Namespace, *extra: str) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "benchmarks.titan_loss_curves", "--worker",
+           f"--nproc_per_node={nproc}", "-m", "zephon_bench.titan_loss_curves", "--worker",
            "--out", str(out), "--init", str(args.init), "--steps", str(args.steps),
            "--lanes", str(args.lanes), "--global-batch", str(args.global_batch),
            "--local-batch", str(args.local_batch), "--seq-len", str(args.seq_len),
@@ -117,7 +117,7 @@ def _launch(nproc: int, out: Path, args: argparse.Namespace, *extra: str) -> lis
 def _orchestrate(args: argparse.Namespace) -> int:
     import torch
 
-    from zephon_vl.titan.tiny import build_model
+    from zephon_vl.testing.tiny_model import build_model
 
     dps = [int(x) for x in args.dps.split(",")]
     resume = [int(x) for x in args.resume_dps.split(",") if x]

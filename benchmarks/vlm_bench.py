@@ -4,7 +4,7 @@ Usage (from a checkout)::
 
     zephon-vl bench --quick --json /tmp/bench.json      # < 3 min on 2 cores
     zephon-vl bench --out bench-out                     # full: 2,000 samples, 3 reps
-    python -m benchmarks.vlm_bench --quick              # the same without the CLI
+    python -m zephon_bench.vlm_bench --quick              # the same without the CLI
 
 Every configuration runs in a fresh process (so its memory and CPU are its
 own) while this process watches the process tree (psutil) and the machine's
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zephon_core.pipeline import usable_cores
+from zephon_core.common.system import usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
@@ -159,11 +159,10 @@ def preload(spec_json: dict) -> None:
     import psutil  # noqa: F401
     import torch  # noqa: F401
     import torch.utils.data  # noqa: F401
+    from zephon_bench.loaders import RUNNERS  # noqa: F401
+    from zephon_bench.workload import WorkSpec
 
-    from zephon_core.loader import Loader  # noqa: F401
-
-    from .loaders import RUNNERS  # noqa: F401
-    from .workload import WorkSpec
+    from zephon_core.engine.loader import Loader  # noqa: F401
 
     WorkSpec.from_json(spec_json).recipe()
 
@@ -171,7 +170,7 @@ def preload(spec_json: dict) -> None:
 def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
             warm_frac: float = 0.2) -> dict:
     """Fork a child that runs one configuration; watch its process tree until it ends."""
-    from .measure import TreeMonitor, metrics
+    from zephon_bench.measure import TreeMonitor, metrics
 
     result_path = logdir / f"{tag}.result.json"
     log_path = logdir / f"{tag}.log"
@@ -256,8 +255,8 @@ def _kill_tree(pid: int, only_children: bool = False, grace: float = 0.0) -> Non
 
 
 def child_main(job_json: str, result_path: str) -> int:
-    from .loaders import RUNNERS
-    from .workload import WorkSpec
+    from zephon_bench.loaders import RUNNERS
+    from zephon_bench.workload import WorkSpec
 
     job = json.loads(job_json)
     spec = WorkSpec.from_json(job["spec"])
@@ -314,7 +313,7 @@ def machine_info() -> dict:
         except md.PackageNotFoundError:
             return None
 
-    from zephon_vl.image import pillow_backend
+    from zephon_vl.media.image import pillow_backend
 
     return {
         "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -408,7 +407,7 @@ def summarize(report: dict) -> dict:
 
 def render(path: str, out: Path) -> dict:
     """Summarize a saved bench.json again and write its table and chart."""
-    from .report import chart, markdown
+    from zephon_bench.report import chart, markdown
 
     report = summarize(json.loads(Path(path).read_text()))
     out.mkdir(parents=True, exist_ok=True)
@@ -419,7 +418,7 @@ def render(path: str, out: Path) -> dict:
 
 
 def _data(args: argparse.Namespace, samples: int) -> Any:
-    from zephon_vl.demo_data import build_demo_dataset, default_demo_dir
+    from zephon_vl.demo.data import build_demo_dataset, default_demo_dir
 
     if args.data:
         out = Path(args.data)
@@ -435,10 +434,10 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zephon_core.assets import qwen_tokenizer_dir
+    from zephon_bench.report import chart, markdown
+    from zephon_bench.workload import WorkSpec
 
-    from .report import chart, markdown
-    from .workload import WorkSpec
+    from zephon_core.recipes.assets import qwen_tokenizer_dir
 
     if args.render:
         report = render(args.render, Path(args.out or "bench-out"))
@@ -461,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
     spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
                     draft=args.draft, epochs=epochs)
     # index the shards once here, so no run pays for it
-    from zephon_vl.wds_index import WebDatasetReader
+    from zephon_vl.wds.index import WebDatasetReader
 
     reader = WebDatasetReader(list(spec.shards))
     for s in range(reader.num_shards):
@@ -475,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
     _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), {ds.num_samples} "
          f"samples in {len(spec.shards)} shards ({ds.root}), {ncpu} cores, "
          f"PIL {machine['pillow_backend']}; logs in {logdir}")
-    from .measure import NCPU, machine_busy_seconds
+    from zephon_bench.measure import NCPU, machine_busy_seconds
 
     b0, t0 = machine_busy_seconds(), time.monotonic()
     time.sleep(2.0)
@@ -543,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
             measure(cfg, rep)
     breakdown = None
     if not args.no_breakdown:
-        from .breakdown import run_breakdown
+        from zephon_bench.breakdown import run_breakdown
 
         breakdown = run_breakdown(spec, 60 if quick else 200)
         _say(f"  breakdown: {breakdown['total_ms_per_sample']:.2f} ms/sample in one process")
@@ -611,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return child_main(argv[1], argv[3])
-    p = argparse.ArgumentParser(prog="python -m benchmarks.vlm_bench",
+    p = argparse.ArgumentParser(prog="python -m zephon_bench.vlm_bench",
                                 description=__doc__.split("\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.operators import StageFn, Transform
-from zephon_core.packing import Pack, Row
+from zephon_core.ops.contract import StageFn, Transform
+from zephon_core.ops.pack import Pack, Row
 from zephon_core.records import Dropped, Element, Origin, Pointer
 
 
@@ -56,7 +56,7 @@ class WorkSpec:
         return cls(**{**d, "shards": tuple(d["shards"])})
 
     def image_settings(self) -> Any:
-        from zephon_vl.image import ImageSettings
+        from zephon_vl.media.image import ImageSettings
 
         return ImageSettings(max_pixels=self.max_pixels, draft=self.draft)
 

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _loaders(args: argparse.Namespace, dp: int) -> list:
@@ -48,7 +45,7 @@ def _loaders(args: argparse.Namespace, dp: int) -> list:
 def _global_step(loaders: list, iters: list) -> tuple[list, str]:
     import torch
 
-    from zephon_core.digest import batch_digest
+    from zephon_core.common.digest import batch_digest
 
     micro = [next(it) for it, dl in zip(iters, loaders, strict=True)
              for _ in range(dl.microbatches)]
@@ -66,8 +63,8 @@ def _run(args: argparse.Namespace, dp: int, steps: range, device, ckpt: Path,
          save: bool, resume: bool) -> list[dict]:
     import torch
 
+    from zephon_vl.testing.tiny_model import build_model, fold_vocab, make_optimizer, train_step
     from zephon_vl.titan.dataloader import merged_state
-    from zephon_vl.titan.tiny import build_model, fold_vocab, make_optimizer, train_step
 
     model = (build_model(args.model, device=device, seed=0, vocab_size=args.fold_vocab)
              if args.fold_vocab else build_model(args.model, device=device, seed=0))

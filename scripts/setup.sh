@@ -16,7 +16,7 @@ fi
 $PY -m pip install -q --disable-pip-version-check torch==2.13.0
 $PY -m pip install -q --disable-pip-version-check -e ".[all]"
 # TorchTitan's qwen3_5 model imports fla (flash-linear-attention) and triton at module level.
-# On CPU zephon_vl.titan.cpu replaces their kernels, so install them without their (CUDA) deps.
+# On CPU zephon_vl.testing.titan_cpu replaces their kernels, so install them without their (CUDA) deps.
 if ! $PY -c 'import fla, triton' 2>/dev/null; then
   $PY -m pip install -q --disable-pip-version-check --no-deps \
     triton==3.8.0 fla-core==0.5.2 flash-linear-attention==0.5.2

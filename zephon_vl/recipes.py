@@ -11,20 +11,20 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_core.assets import qwen_tokenizer_dir
+from zephon_core.data.read import Read
+from zephon_core.data.sources import Dataset, ShuffleSettings
 from zephon_core.errors import ConfigError
-from zephon_core.packing import Pack
-from zephon_core.recipe import Recipe
-from zephon_core.recipes import register_kind, register_recipe
-from zephon_core.shuffle import Shuffle
-from zephon_core.sources import Dataset, ShuffleSettings
-from zephon_core.text_ops import Read, load_tokenizer
-
-from .collate import VLCollate
-from .image import ImageSettings
-from .video import VideoSettings
-from .vl_ops import DecodeVision, TokenizeMultimodal, VisionTokens
-from .wds_index import WebDatasetReader
+from zephon_core.ops.pack import Pack
+from zephon_core.ops.shuffle import Shuffle
+from zephon_core.ops.text import load_tokenizer
+from zephon_core.recipes.assets import qwen_tokenizer_dir
+from zephon_core.recipes.recipe import Recipe
+from zephon_core.recipes.registry import register_kind, register_recipe
+from zephon_vl.media.image import ImageSettings
+from zephon_vl.media.video import VideoSettings
+from zephon_vl.ops.collate import VLCollate
+from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal, VisionTokens
+from zephon_vl.wds.index import WebDatasetReader
 
 
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str | os.PathLike]],
@@ -69,7 +69,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
              seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
-    from .demo_data import build_demo_dataset
+    from zephon_vl.demo.data import build_demo_dataset
 
     demo = build_demo_dataset(num_samples=num_samples)
     image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))

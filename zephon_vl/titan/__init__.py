@@ -7,8 +7,8 @@
   the ``special_tokens`` dict).
 * :mod:`zephon_vl.titan.config_registry`: ready configurations for
   ``--module zephon_vl.titan --config zephon_llama3_debug`` / ``zephon_qwen35_debug``.
-* :mod:`zephon_vl.titan.cpu`: the patches that make TorchTitan 0.3.0 run on a
-  CPU-only torch build (gloo), and ``python -m zephon_vl.titan.cpu`` to launch it.
+* :mod:`zephon_vl.testing.titan_cpu`: the patches that make TorchTitan 0.3.0 run on a
+  CPU-only torch build (gloo), and ``python -m zephon_vl.testing.titan_cpu`` to launch it.
 
 Importing this package does not import torchtitan; the submodules do.
 """

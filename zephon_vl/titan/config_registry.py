@@ -14,7 +14,7 @@ this module and calls ``<name>()``; CLI flags (``--training.steps 20``,
   with Qwen3.5's vision settings (patch 16, temporal patch 2, merge 2,
   mean/std 0.5) and ``model_format="qwen3_5"``.
 
-Both are set up to also run on CPU under ``python -m zephon_vl.titan.cpu``
+Both are set up to also run on CPU under ``python -m zephon_vl.testing.titan_cpu``
 (float32 parameters, no activation checkpointing, no validator, the
 ``partial_dtensor`` SPMD backend); on GPUs override what you like.
 """
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from torchtitan.trainer import Trainer
 
-from zephon_core.assets import qwen_tokenizer_dir
-
-from .dataloader import ZephonDataLoader
-from .tiny import QWEN_VOCAB
+from zephon_core.recipes.assets import qwen_tokenizer_dir
+from zephon_vl.testing.tiny_model import QWEN_VOCAB
+from zephon_vl.titan.dataloader import ZephonDataLoader
 
 __all__ = ["QWEN_VOCAB", "zephon_llama3_debug", "zephon_qwen35_debug"]
 

@@ -39,10 +39,10 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
+from zephon_core.engine.execution import Execution
+from zephon_core.engine.loader import Loader
 from zephon_core.errors import CheckpointError, ConfigError
-from zephon_core.loader import Loader
-from zephon_core.pipeline import Execution
-from zephon_core.recipes import load_recipe
+from zephon_core.recipes.registry import load_recipe
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _register_vl_recipes() -> None:
 
 def preset_image_settings(name: str, max_pixels: int) -> Any:
     """The ImageSettings a model family expects."""
-    from zephon_vl.image import ImageSettings
+    from zephon_vl.media.image import ImageSettings
 
     if name != "qwen3_5":
         raise ConfigError(f"zephon dataloader: unknown image_preset {name!r}; known: qwen3_5")
@@ -253,7 +253,7 @@ class ZephonDataLoader(BaseDataLoader):
         labels = batch["labels"]
         if self.config.model_format == "text":
             return {"input": batch["input"], "positions": batch["positions"]}, labels
-        from .qwen import to_qwen3_5
+        from zephon_vl.titan.qwen import to_qwen3_5
 
         out = to_qwen3_5(batch, self.pad_id, self.merge_size, self.config.video_mode,
                          self.config.mrope)
@@ -321,7 +321,7 @@ def verify_identical(blob: str) -> None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    from zephon_core.checkpoint import _gloo_group
+    from zephon_core.engine.checkpoint import _gloo_group
 
     group = _gloo_group()
     mine = torch.frombuffer(bytearray(hashlib.sha256(blob.encode()).digest()),
@@ -342,7 +342,7 @@ def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:
     Same content as what every rank of a real run returns; load it with
     ``load_state_dict`` on any rank count dividing the lane count.
     """
-    from zephon_core.checkpoint import merge_states
+    from zephon_core.engine.checkpoint import merge_states
 
     if any(dl._pending for dl in loaders):
         raise CheckpointError("zephon dataloader: a simulated rank is in the middle of a step")

@@ -1,0 +1,132 @@
+"""Smoke test of the benchmark harness's plumbing (not a timed test: no figure is checked).
+
+Every loader family runs in this process on a tiny data set (zephon inline,
+Grain and torch without worker processes, the raw limit in one forked
+process), and all must deliver the same samples, tokens and checksum; the
+metrics, the markdown table, the chart and the `bench` command's arguments
+are exercised on synthetic numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grain")
+pytest.importorskip("psutil")
+
+from zephon_bench import loaders, measure, report
+from zephon_bench.vlm_bench import METRICS, configurations, summarize
+from zephon_bench.workload import Work, WorkSpec
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> WorkSpec:
+    from zephon_core.recipes.assets import qwen_tokenizer_dir
+    from zephon_vl.demo.data import build_demo_dataset
+
+    ds = build_demo_dataset(tmp_path_factory.mktemp("bench-data"), num_samples=14, videos=1,
+                            samples_per_shard=8)
+    return WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()), seq_len=1024,
+                    batch_rows=2, num_lanes=2, max_pixels=128 * 28 * 28, shuffle_buffer=4)
+
+
+def test_every_loader_delivers_the_same_samples_and_tokens(spec: WorkSpec) -> None:
+    traces = {
+        "zephon": loaders.run_zephon(spec, {"cli": ["--runner", "inline"]}),
+        "grain": loaders.run_grain(spec, {"workers": 0, "threads": 1}),
+        "torch": loaders.run_torch(spec, {"workers": 0, "batch_size": 4}),
+        "limit": loaders.run_limit(spec, {"processes": 1}),
+    }
+    n = len(Work.build(spec).pointers)
+    tallies = {k: t.tally for k, t in traces.items()}
+    ref = tallies["limit"]
+    assert ref.samples + ref.dropped == n == 15 and ref.tokens > 0 and ref.images >= 14
+    for name, t in tallies.items():
+        assert (t.samples, t.tokens, t.images, t.dropped, t.checksum) == \
+            (ref.samples, ref.tokens, ref.images, ref.dropped, ref.checksum), name
+    for name, tr in traces.items():
+        assert sum(p[1] for p in tr.produced) == n, name  # every sample produced once
+        assert tr.t_end is not None and tr.t_end >= tr.t_start, name
+        json.dumps(tr.to_json())
+    assert traces["zephon"].extra["plan"] == ["read+decode+tokenize:inlinex1"]
+
+
+def test_metrics_on_a_synthetic_run() -> None:
+    produced = [[10.0 + i, 10, 1000, 12] for i in range(11)]  # 10 samples/s from t=10 to 20
+    result = {"t_start": 8.0, "t_first": 11.5, "t_end": 21.0, "produced": produced,
+              "events": [[11.5, 40, 4000, 48], [20.5, 70, 7000, 62]],
+              "tally": {"samples": 110}, "extra": {}}
+    s = measure.Series()
+    for t in (7.0, 15.0, 25.0):  # 2 cores busy for the tree, 0.5 more for the machine
+        s.t.append(t)
+        s.tree_cpu.append(2 * t)
+        s.root_cpu.append(0.1 * t)
+        s.tree_rss.append(1e9)
+        s.tree_pss.append(6e8 if t == 15.0 else 5e8)
+        s.shm.append(2e8)
+        s.machine_busy.append(2.5 * t)
+        s.self_cpu.append(0.0)
+    m = measure.metrics(result, s)
+    assert m["samples_per_s"] == pytest.approx(10.0)
+    assert m["tokens_per_s"] == pytest.approx(1000.0)
+    assert m["ttfb_s"] == pytest.approx(3.5)
+    assert m["cpu_s_per_sample"] == pytest.approx(0.2)
+    assert m["cores_used"] == pytest.approx(2.0)
+    assert m["outside_load"] == pytest.approx(0.5 / measure.NCPU)
+    assert m["peak_mem_mb"] == pytest.approx(6e8 / 2**20)
+    assert set(METRICS) <= set(m)
+
+
+def test_best_is_a_median_of_repeated_runs() -> None:
+    """One lucky single run never outranks the re-measured configuration's median."""
+    def runs(*rates: float) -> list[dict]:
+        return [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": r}
+                for r in rates]
+
+    rep = {"settings": {}, "configs": [
+        {"name": "zephon default", "family": "zephon", "scaling": 2, "runs": runs(300, 310, 290)},
+        {"name": "zephon lucky", "family": "zephon", "scaling": None, "runs": runs(400)},
+        {"name": "grain a", "family": "grain", "scaling": 2, "runs": runs(200, 210, 190)},
+        {"name": "raw", "family": "limit", "scaling": 2, "runs": runs(350, 360, 340)},
+    ]}
+    out = summarize(rep)
+    assert out["best"]["zephon"] == "zephon default"
+    assert out["ratio_vs_limit"] == pytest.approx(300 / 350)
+    assert out["ratio_vs_grain"] == pytest.approx(300 / 200)
+
+
+def test_grid_report_and_command(tmp_path: Path) -> None:
+    cfgs = configurations(quick=True, ncpu=2, scaling=True)
+    fams = {c["family"] for c in cfgs}
+    assert fams == {"zephon", "grain", "torch", "limit"}
+    assert sorted(c["scaling"] for c in cfgs if c["family"] == "limit") == [1, 2, 4]
+    med = {k: 1.0 for k in METRICS}
+    rep = {
+        "mode": "quick", "date": "2025-01-01T00:00:00+00:00", "reps": 1,
+        "machine": {"cpu_model": "cpu", "nproc": 2, "pillow_backend": "pillow-simd"},
+        "settings": {"samples": 10, "images": 12, "seq_len": 2048, "batch_rows": 16,
+                     "max_pixels": 401408, "draft": False},
+        "configs": [{**c, "median": {**med, "samples_per_s": 10.0 + i}, "runs_ok": 1,
+                     "runs_disturbed": 0} for i, c in enumerate(cfgs)],
+        "best": {"zephon": cfgs[0]["name"]}, "ratio_vs_grain": 1.1, "ratio_vs_limit": 0.9,
+        "scaling": {"processes": [1, 2, 4], "samples_per_s": {"limit": [1.0, 2.0, None]}},
+        "breakdown": {"samples": 3, "total_ms_per_sample": 9.0, "ms_per_sample": {"read": 1.0},
+                      "share": {"read": 0.1}},
+    }
+    md = report.markdown(rep)
+    assert "ratio_vs_grain = 1.10" in md and "| raw limit |" in md
+    report.chart(rep, tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+    import zephon_vl.cli.bench  # noqa: F401  (registers the command)
+    from zephon_vl.cli.main import COMMANDS
+
+    help_text, configure, _ = COMMANDS["bench"]
+    p = argparse.ArgumentParser()
+    configure(p)
+    args = p.parse_args(["--quick", "--json", str(tmp_path / "x.json"), "--samples", "50"])
+    assert args.quick and args.samples == 50 and args.json.endswith("x.json")

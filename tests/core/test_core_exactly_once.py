@@ -1,0 +1,292 @@
+"""Guarantee 5: every element of a lane's stream lands in exactly one row or one drop.
+
+With epochs=1 the lane streams are recomputed independently with
+`LaneSource`; each rank is run to its end of data. An origin must then be
+either (a) in row segments that tile its tokens exactly ([0, n), or [0, S)
+when truncated), or (b) in exactly one drop, with the reason its content
+calls for, or (c) in the undelivered remainder at the end of the data (the
+rows `loader.end_of_data` counts, and the drops decided after them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors, keep, make_shards
+from zephon_core.data.sources import DatasetOrder, LaneSource
+from zephon_core.engine.execution import Execution
+from zephon_core.records import Origin
+
+FINITE = Spec(datasets=(DataSpec((40, 27, 55), max_len=70, data_seed=5, bad_every=23),),
+              num_lanes=4, rows_per_lane=2, epochs=1, shuffle_buffer=5, seq_len=32,
+              on_error="drop", block_size=16)
+
+
+def lane_streams(spec: Spec) -> dict[int, list[Origin]]:
+    """Each lane's origin stream, recomputed from the work source alone."""
+    recipe = build_recipe(spec)
+    orders = [DatasetOrder([d.reader.shard_len(s) for s in range(d.reader.num_shards)],
+                           recipe.seed, j, recipe.shuffle)
+              for j, d in enumerate(recipe.datasets)]
+    out = {}
+    for lane in range(spec.num_lanes):
+        src = LaneSource(orders, [d.weight for d in recipe.datasets], lane, spec.num_lanes,
+                         spec.epochs)
+        stream = []
+        while (o := src.next()) is not None:
+            stream.append(o)
+        out[lane] = stream
+    return out
+
+
+@dataclass
+class Ledger:
+    """Where each origin of each lane ended up."""
+
+    segments: dict[tuple[int, Origin], list[tuple[int, int]]] = field(
+        default_factory=lambda: defaultdict(list))
+    drops: dict[tuple[int, Origin], list[str]] = field(default_factory=lambda: defaultdict(list))
+    remainder: set[tuple[int, Origin]] = field(default_factory=set)
+    row_tokens: list[int] = field(default_factory=list)
+
+    def add_rows(self, lanes: list[int], rows: list, r: int) -> None:
+        for i, row in enumerate(rows):
+            lane = lanes[i // r]
+            self.row_tokens.append(sum(e - s for _, s, e in row))
+            for origin, s, e in row:
+                self.segments[(lane, Origin(*origin))].append((s, e))
+
+    def add_drops(self, lane_of_seq: dict[Origin, int], drops: list) -> None:
+        for origin, reason in drops:
+            self.drops[(lane_of_seq[Origin(*origin)], Origin(*origin))].append(reason)
+
+
+def record_step(ledger: Ledger, loader, owner: dict[Origin, int], r: int) -> None:
+    meta = loader.last_meta
+    ledger.add_rows(meta.lanes, meta.rows, r)
+    ledger.add_drops(owner, meta.drops)
+
+
+def record_end(ledger: Ledger, loader, owner: dict[Origin, int], *, held: bool) -> None:
+    """The remainder of a loader that returned None.
+
+    `loader.leftover()` gives the rows made but not delivered (as many per lane
+    as `end_of_data` counts) and the drops not reported by any StepMeta. With
+    `held`, also the elements still inside lanes that had not finished (in
+    flight, in shuffle buffers, in open bins) and the never-drawn tail of each
+    source, read from the lane runs (not public); without it, the public
+    `leftover()["held"]` stands for the elements inside.
+    """
+    counts = dict(loader.end_of_data)
+    assert sorted(counts) == loader.lanes, loader.end_of_data
+    r = loader.recipe.rows_per_lane
+    left = loader.leftover()
+    assert len(left["rows"]) == sum(counts.values()), (len(left["rows"]), counts)
+    lane_of_row = [lane for lane in loader.lanes for _ in range(counts[lane])]
+    for lane, row in zip(lane_of_row, left["rows"], strict=True):
+        ledger.row_tokens.append(sum(e - s for _, s, e in row))
+        ledger.remainder.update((lane, Origin(*o)) for o, _, _ in row)
+    ledger.remainder.update((owner[Origin(*o)], Origin(*o)) for o, _ in left["drops"])
+    if not held:
+        ledger.remainder.update((owner[Origin(*o)], Origin(*o)) for o in left["held"])
+        return
+    assert any(run.finished and counts[run.lane] < r for run in loader._runs), \
+        "ended although every lane could fill a step"
+    for run in loader._runs:
+        snap = run.snapshot()
+        inside = [o for origins in snap["pending"].values() for o in origins]
+        inside += [o for acc in snap["accumulators"].values() for o in acc["buffer"]]
+        inside += [seg[:5] for rows in [*snap["packer"]["bins"], *snap["packer"]["ready"]]
+                   for seg in rows]
+        if run.finished:
+            assert not inside, f"lane {run.lane} finished with elements inside: {inside[:5]}"
+        ledger.remainder.update((run.lane, Origin(*o)) for o in inside)
+        drawn = run.source.state.draws
+        ledger.remainder.update((run.lane, o) for o, ln in owner.items() if ln == run.lane
+                                and o.seq >= drawn)
+
+
+def run_to_end(world: World, ledger: Ledger, owner: dict[Origin, int], *,
+               held: bool = True, max_steps: int = 10_000) -> None:
+    r = world.spec.rows_per_lane
+    for loader in world.loaders:  # each rank to its own end
+        for _ in range(max_steps):
+            if loader.next_rows() is None:
+                record_end(ledger, loader, owner, held=held)
+                break
+            record_step(ledger, loader, owner, r)
+        else:
+            pytest.fail("the finite run did not end")
+
+
+def expected_fate(spec: Spec, o: Origin) -> tuple[str, int]:
+    """('drop:<reason>' or 'rows', tokens expected in rows) from the document itself."""
+    doc = make_shards(spec.datasets[o.dataset], o.dataset)[o.shard][o.index]
+    n = doc["n"]
+    if doc.get("bad"):
+        return "drop:corrupt_doc", 0
+    if spec.use_filter and not keep(doc):
+        return "drop:filtered", 0
+    if n == 0:
+        return "drop:empty", 0
+    if n > spec.seq_len:
+        if spec.overlong == "drop":
+            return "drop:over_length", 0
+        if spec.overlong == "truncate":
+            return "rows", spec.seq_len
+    return "rows", n
+
+
+def check_ledger(spec: Spec, streams: dict[int, list[Origin]], ledger: Ledger) -> None:
+    assert all(0 < t <= spec.seq_len for t in ledger.row_tokens), "a row exceeds seq_len"
+    everything = {(lane, o) for lane, s in streams.items() for o in s}
+    seen = set(ledger.segments) | set(ledger.drops) | ledger.remainder
+    assert not seen - everything, f"not in any lane stream: {sorted(seen - everything)[:5]}"
+    lost = everything - seen
+    assert not lost, f"{len(lost)} origins neither in a row nor dropped, e.g. {sorted(lost)[:5]}"
+    for key in everything:
+        lane, o = key
+        if key in ledger.remainder:
+            continue  # not delivered: the end of the data
+        fate, tokens = expected_fate(spec, o)
+        if fate == "rows":
+            assert key not in ledger.drops, (key, ledger.drops[key])
+            spans = sorted(ledger.segments[key])
+            assert spans[0][0] == 0 and spans[-1][1] == tokens, (key, spans, tokens)
+            for (_, e), (s, _) in zip(spans, spans[1:], strict=False):
+                assert e == s, f"segments of {key} do not tile [0, {tokens}): {spans}"
+        else:
+            assert key not in ledger.segments, (key, fate, ledger.segments[key])
+            assert ledger.drops[key] == [fate.removeprefix("drop:")], (key, ledger.drops[key])
+
+
+def owners(streams: dict[int, list[Origin]]) -> dict[Origin, int]:
+    owner = {o: lane for lane, s in streams.items() for o in s}
+    assert len(owner) == sum(len(s) for s in streams.values()), "origin in two lanes"
+    return owner
+
+
+@pytest.mark.parametrize("D", [1, 2, 4])
+def test_every_origin_once_in_rows_or_drops(D):
+    streams = lane_streams(FINITE)
+    ledger = Ledger()
+    with World(FINITE, D, Execution(group_size=3, prefetch=2)) as w:
+        run_to_end(w, ledger, owners(streams))
+    check_ledger(FINITE, streams, ledger)
+    assert any(ledger.drops.values()) and any(len(v) > 1 for v in ledger.segments.values())
+
+
+def test_single_dataset_epoch_covers_every_pointer_once():
+    """Across lanes, one epoch of one dataset visits each (dataset, shard, index) once."""
+    spec = FINITE.but(num_lanes=8, rows_per_lane=1)
+    streams = lane_streams(spec)
+    ledger = Ledger()
+    with World(spec, 2) as w:
+        run_to_end(w, ledger, owners(streams))
+    check_ledger(spec, streams, ledger)
+    keys = [*ledger.segments, *ledger.drops, *ledger.remainder]
+    pointers = sorted({(o.dataset, o.shard, o.index) for _, o in keys})
+    sizes = FINITE.datasets[0].shard_sizes
+    assert pointers == [(0, s, i) for s, n in enumerate(sizes) for i in range(n)]
+    assert len({o for _, o in keys}) == sum(sizes)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    L=st.sampled_from([1, 2, 4, 8]),
+    seed=st.integers(0, 2**31),
+    overlong=st.sampled_from(["split", "truncate", "drop"]),
+    mode=st.sampled_from(["first_fit", "best_fit"]),
+    shuffle_pos=st.sampled_from([None, "pointers", "payloads"]),
+    mixture=st.booleans(),
+    bins=st.integers(1, 5),
+    data=st.data(),
+)
+def test_exactly_once_property(L, seed, overlong, mode, shuffle_pos, mixture, bins, data):
+    datasets = FINITE.datasets + ((DataSpec((13, 8), max_len=20, weight=0.7),) if mixture else ())
+    spec = FINITE.but(datasets=datasets, num_lanes=L, rows_per_lane=1, seed=seed,
+                      overlong=overlong, mode=mode, shuffle_pos=shuffle_pos, max_open_bins=bins)
+    D = data.draw(st.sampled_from(divisors(L)), label="D")
+    streams = lane_streams(spec)
+    ledger = Ledger()
+    ex = Execution(runner=data.draw(st.sampled_from(["inline", "threads"])), default_workers=2,
+                   group_size=data.draw(st.integers(1, 4)))
+    with World(spec, D, ex) as w:
+        run_to_end(w, ledger, owners(streams))
+    check_ledger(spec, streams, ledger)
+
+
+@pytest.mark.parametrize(("D", "D2", "k"), [(2, 4, 3), (4, 1, 6), (1, 2, 1)])
+def test_exactly_once_across_save_and_resume(D, D2, k):
+    """Rows/drops before the checkpoint plus rows/drops after the resume: each origin once."""
+    spec = FINITE.but(shuffle_pos="payloads", max_open_bins=6)
+    streams = lane_streams(spec)
+    owner = owners(streams)
+    ledger = Ledger()
+    with World(spec, D, Execution(prefetch=6)) as w:
+        for _ in range(k):
+            for loader in w.loaders:
+                assert loader.next_rows() is not None
+                record_step(ledger, loader, owner, spec.rows_per_lane)
+        state = w.state()
+    with World(spec, D2, state=state) as w2:
+        run_to_end(w2, ledger, owner)
+    check_ledger(spec, streams, ledger)
+
+
+def test_drops_after_the_last_row_are_reported():
+    """A lane whose last document is filtered after its last row was cut: the drop is
+    reported by `leftover()` (no StepMeta can carry it).
+
+    Lane 0 of 1, no shuffles, documents of exactly seq_len tokens (each one is a
+    row at once); document id 3 is the last one and the filter drops it.
+    """
+    spec = Spec(datasets=(DataSpec((4,), max_len=0),), num_lanes=1, rows_per_lane=1, epochs=1,
+                shuffle_pos=None, shuffle_shards=False, shuffle_within=False, block_size=0,
+                seq_len=4)
+    recipe = build_recipe(spec)
+    for doc in recipe.datasets[0].reader.shards[0]:
+        doc["n"] = 4  # every document fills one row exactly
+    from zephon_core.engine.loader import Loader
+
+    with Loader(recipe) as loader:
+        reported = []
+        while loader.next_rows() is not None:
+            assert [len(r) for r in loader.last_meta.rows] == [1]
+            reported += [(o.index, reason) for o, reason in loader.last_meta.drops]
+        assert loader.step == 3  # ids 0, 1, 2 make the three rows
+        assert reported == []
+        left = loader.leftover()
+        assert left["rows"] == []
+        assert [(o.index, reason) for o, reason in left["drops"]] == [(3, "filtered")]
+
+
+def test_leftover_accounts_for_every_drawn_element():
+    """Public API only: every StepMeta plus `leftover()` account for every element a lane
+    drew from its source (Loader.leftover's promise). Draws are in `seq` order, so every
+    origin up to the highest `seq` accounted for in a lane was drawn.
+
+    With this recipe lane 1 ends the run while lane 0 still holds drawn documents in
+    its shuffle buffer, open bins or in flight.
+    """
+    spec = FINITE.but(datasets=(DataSpec((200, 150), max_len=70, data_seed=2),), num_lanes=2,
+                      rows_per_lane=1, shuffle_buffer=8)
+    streams = lane_streams(spec)
+    owner = owners(streams)
+    ledger = Ledger()
+    with World(spec, 1) as w:
+        run_to_end(w, ledger, owner, held=False)
+    lost = {}
+    for lane, stream in streams.items():
+        seen = {o for (ln, o) in [*ledger.segments, *ledger.drops, *ledger.remainder]
+                if ln == lane}
+        top = max(o.seq for o in seen)
+        lost[lane] = [o.seq for o in stream if o.seq <= top and o not in seen]
+    assert lost == {lane: [] for lane in streams}, (
+        f"drawn (seq <= the lane's highest accounted seq) but neither delivered nor in "
+        f"leftover(): {lost}")

@@ -1,0 +1,1 @@
+"""Shared test helpers: recipe builders, run harnesses and crafted inputs."""

@@ -1,0 +1,84 @@
+"""Run by tests/test_core_torchrun.py under `torchrun` (gloo): one loader per process.
+
+Writes, per rank, the local batches' digests and tensors and the state_dict()
+taken after `--save-at` steps, so the test can check that every rank returned
+the same global state and that concatenated local batches form the global batch.
+It also writes the native gloo threads still running after
+``destroy_process_group``: a reference to a group held past it keeps them
+alive into interpreter shutdown, where they abort the process now and then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zephon_core.data.read import Read
+from zephon_core.data.readers import InMemoryReader
+from zephon_core.data.sources import Dataset
+from zephon_core.engine.loader import Loader
+from zephon_core.ops.contract import Map
+from zephon_core.ops.pack import Pack
+from zephon_core.ops.shuffle import Shuffle
+from zephon_core.recipes.recipe import Recipe
+
+
+def to_tokens(sample: dict) -> dict:
+    return {"tokens": (np.arange(sample["n"], dtype=np.int32) * 7 + sample["id"]) % 5000}
+
+
+def make_recipe() -> Recipe:
+    rng = np.random.default_rng(5)
+    shards = [[{"n": int(rng.integers(3, 90)), "id": s * 1000 + i} for i in range(40)]
+              for s in range(6)]
+    reader = InMemoryReader(shards)
+    ops = [Shuffle(32), Read([reader]), Map(to_tokens), Pack(64, max_open_bins=3)]
+    # One epoch: ranks agree on the end of data over the loader's own gloo group.
+    return Recipe([Dataset("mem", reader)], ops, global_batch_size=8, num_lanes=4, seed=11,
+                  epochs=1)
+
+
+def gloo_threads() -> list[str]:
+    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip()
+             for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--save-at", type=int, default=None)
+    p.add_argument("--resume", default=None)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(args.out)
+    loader = Loader(make_recipe(), rank, world)
+    start = 0
+    if args.resume:
+        state = json.loads(Path(args.resume).read_text())
+        loader.load_state_dict(state)
+        start = state["step"]
+    batches = {}
+    for t in range(start, args.steps):
+        batches[t] = next(loader)
+        if args.save_at is not None and t + 1 == args.save_at:
+            state = loader.state_dict()
+            (out / f"state-rank{rank}.json").write_text(json.dumps(state, sort_keys=True))
+    torch.save(batches, out / f"batches-rank{rank}.pt")
+    loader.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    (out / f"threads-rank{rank}.json").write_text(json.dumps(gloo_threads()))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

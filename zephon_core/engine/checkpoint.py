@@ -1,0 +1,176 @@
+"""Checkpoints are data: versioned JSON, a fingerprint of the recipe, per-lane states.
+
+A state is *global* when it holds every lane; any rank count `D'` dividing `L`
+restores from it by taking its own lanes. `merge_states` builds it from the
+local states of ranks simulated in one process; `gather_global_state` builds
+it over `torch.distributed` (a gloo group, so it works beside NCCL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from zephon_core.errors import CheckpointError
+
+FORMAT = "zephon-checkpoint"
+VERSION = 1
+
+
+def fingerprint_digest(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
+
+
+def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint,
+        "fingerprint_sha256": fingerprint_digest(fingerprint),
+        "num_lanes": num_lanes,
+        "step": step,
+        "lanes": {str(k): v for k, v in sorted(lanes.items())},
+    }
+
+
+def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                return (f"{path}.{k}", a.get(k, "<missing>"), b.get(k, "<missing>"))
+            found = _first_difference(a[k], b[k], f"{path}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return (f"{path} (length)", len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    return None if a == b else (path, a, b)
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, sort_keys=True, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
+    """Refuse a state that is not ours, naming what is wrong and how to fix it."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError("not a zephon checkpoint (no 'format': 'zephon-checkpoint'); "
+                              "pass the dict returned by state_dict()")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint version {state.get('version')!r} is not supported by "
+                              f"this zephon (version {VERSION}); use the zephon that wrote it")
+    for key in ("fingerprint", "fingerprint_sha256", "num_lanes", "step", "lanes"):
+        if key not in state:
+            raise CheckpointError(f"checkpoint is truncated or corrupt: field {key!r} is missing")
+    if not isinstance(state["step"], int) or state["step"] < 0:
+        raise CheckpointError(f"checkpoint is corrupt: step is {state['step']!r}, not a count")
+    if not isinstance(state["lanes"], dict):
+        raise CheckpointError("checkpoint is corrupt: 'lanes' is not a mapping of lane states")
+    if fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
+        raise CheckpointError("checkpoint is corrupt: its fingerprint does not match its "
+                              "fingerprint_sha256 (the file was edited or damaged)")
+    diff = _first_difference(state["fingerprint"], fingerprint, "fingerprint")
+    if diff:
+        path, theirs, ours = diff
+        raise CheckpointError(
+            f"checkpoint was made with another recipe: {path} is {_short(theirs)} in the "
+            f"checkpoint but {_short(ours)} here. Restore with the same setting, or start a "
+            "new run")
+    missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint lacks the states of lanes {missing[:8]}: it is a rank-local state. "
+            "Save the global state (state_dict() with torch.distributed initialized, or "
+            "merge_states over all ranks) to resume on another rank count")
+
+
+def merge_states(states: list[dict]) -> dict:
+    """One global state from the local states of all ranks (same step, same recipe)."""
+    if not states:
+        raise CheckpointError("merge_states needs at least one state")
+    first = states[0]
+    lanes: dict[int, dict] = {}
+    for s in states:
+        if s.get("fingerprint_sha256") != first.get("fingerprint_sha256"):
+            raise CheckpointError("cannot merge states of different recipes (fingerprints differ)")
+        if s.get("step") != first.get("step"):
+            raise CheckpointError(f"cannot merge states of different steps: {first.get('step')} "
+                                  f"and {s.get('step')}; take them at the same step boundary")
+        for k, v in s["lanes"].items():
+            if int(k) in lanes and lanes[int(k)] != v:
+                raise CheckpointError(f"two ranks disagree on the state of lane {k}")
+            lanes[int(k)] = v
+    return make_state(first["fingerprint"], first["step"], lanes, first["num_lanes"])
+
+
+def gather_global_state(local: dict) -> dict:
+    """All-gather the local states of every rank over gloo; every rank returns the same dict.
+
+    The states travel as JSON bytes, not pickles.
+    """
+    import torch
+    import torch.distributed as dist
+
+    group = _gloo_group()
+    blob = json.dumps(local, sort_keys=True).encode()
+    size = torch.tensor([len(blob)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    longest = int(max(s.item() for s in sizes))
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
+    dist.all_gather(bufs, mine, group=group)
+    states = [json.loads(b[:int(n.item())].numpy().tobytes()) for b, n in zip(bufs, sizes,
+                                                                              strict=True)]
+    return merge_states(states)
+
+
+_GLOO: Any = None
+
+
+def _gloo_group() -> Any:
+    """A gloo group over every rank: WORLD itself, or one made once beside NCCL.
+
+    Only a weak reference is cached: torch's registry owns the group, so
+    ``destroy_process_group`` really frees it. A strong module-level reference
+    kept gloo's threads alive into interpreter shutdown, where joining them
+    aborted the process (``terminate called without an active exception``).
+    """
+    import weakref
+
+    import torch.distributed as dist
+
+    global _GLOO
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    group = _GLOO() if _GLOO is not None else None
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        _GLOO = weakref.ref(group)
+    return group
+
+
+def save_state(state: dict, path: str | Path) -> None:
+    """Write a state as JSON (atomically)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(state, sort_keys=True))
+    tmp.replace(path)
+
+
+def load_state(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint file is "
+                              "truncated or corrupt") from None

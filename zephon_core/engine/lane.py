@@ -1,0 +1,274 @@
+"""One lane's run: its source, per-lane accumulators, packer, and in-flight work.
+
+Everything a lane decides (order, groupings into rows, drops) happens here,
+in one thread, in the lane's element order. Workers only compute payloads.
+A *snapshot* is taken after every `r`-th row: a consistent cut of the lane
+(source counters, origins held or in flight at each stage, packer segments,
+undelivered drops) from which `restore` rebuilds the exact continuation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from zephon_core.common.hashing import derive
+from zephon_core.data.sources import LaneSource, SourceState
+from zephon_core.engine.plan import Plan
+from zephon_core.engine.runners import Runner
+from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
+from zephon_core.ops.contract import Accumulator
+from zephon_core.ops.pack import Packer, Row
+from zephon_core.records import Dropped, Element, Origin
+
+_KEY_SALT = 0x454C454D
+
+
+def element_key(seed: int, o: Origin) -> int:
+    """Per-element randomness key: depends on the sample and epoch, not on lane or grouping."""
+    return derive(seed, _KEY_SALT, o.dataset, o.shard, o.index, o.epoch)
+
+
+class _TransformState:
+    __slots__ = ("waiting", "inflight")
+
+    def __init__(self) -> None:
+        self.waiting: deque[tuple[Origin, Any]] = deque()
+        self.inflight: deque[tuple[list[Origin], Future]] = deque()
+
+    def count(self) -> int:
+        return len(self.waiting) + sum(len(o) for o, _ in self.inflight)
+
+    def origins(self) -> list[Origin]:
+        """Oldest first: submitted groups, then not yet submitted."""
+        return [o for os_, _ in self.inflight for o in os_] + [o for o, _ in self.waiting]
+
+
+class LaneRun:
+    def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
+                 seed: int, rows_per_step: int) -> None:
+        self.lane = lane
+        self.plan = plan
+        self.stages = plan.stages
+        self.runners = runners
+        self.source = source
+        self.seed = seed
+        self.r = rows_per_step
+        ex = plan.execution
+        self.group_size = ex.group_size
+        self.prefetch = plan.prefetch
+        self.budget = plan.prefetch * ex.group_size
+        self.t = {s.index: _TransformState() for s in self.stages if s.kind == "transform"}
+        self.inbox: dict[int, deque[tuple[Origin, Any]]] = {
+            s.index: deque() for s in self.stages if s.kind != "transform"}
+        self.accs: dict[int, Accumulator] = {
+            s.index: s.ops[0].make(lane, seed) for s in self.stages if s.kind == "accumulator"}
+        self.pack_index = self.stages[-1].index
+        self.packer: Packer = plan.pack.make(lane, seed)
+        self.rows: deque[tuple[Row, dict | None]] = deque()
+        self.rows_emitted = 0
+        self.want_rows = 0
+        self.pending_drops: list[tuple[Origin, str]] = []
+        self.dropped: dict[str, int] = {}
+        self.source_done = False
+        self.flushed: set[int] = set()
+        self.finished = False
+        self.draws_since_row = 0
+        self.stall_limit = 4 * sum(o.total for o in source.orders) + 1024
+
+    # --- moving elements ---------------------------------------------------
+    def _to_stage(self, i: int, origin: Origin, payload: Any) -> None:
+        if i in self.t:
+            self.t[i].waiting.append((origin, payload))
+        else:
+            self.inbox[i].append((origin, payload))
+
+    def _record_drop(self, origin: Origin, reason: str) -> None:
+        self.pending_drops.append((origin, reason))
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def _drain(self) -> bool:
+        moved = False
+        for i, box in self.inbox.items():
+            while box:
+                moved = True
+                origin, payload = box.popleft()
+                if isinstance(payload, Dropped):
+                    if i == self.pack_index:
+                        self._record_drop(origin, payload.reason)
+                    else:
+                        self._to_stage(i + 1, origin, payload)
+                elif i == self.pack_index:
+                    refused = self.packer.push(origin, payload)
+                    if refused is not None:
+                        self._record_drop(origin, refused.reason)
+                    self._take_rows()
+                else:
+                    for o, p in self.accs[i].push((origin, payload)):
+                        self._to_stage(i + 1, o, p)
+        return moved
+
+    def _take_rows(self) -> None:
+        while (row := self.packer.pop_row()) is not None:
+            self.draws_since_row = 0
+            row.drops, self.pending_drops = self.pending_drops, []
+            self.rows_emitted += 1
+            snap = self.snapshot() if self.rows_emitted % self.r == 0 else None
+            self.rows.append((row, snap))
+
+    def _in_flight(self) -> int:
+        return sum(st.count() for st in self.t.values()) + sum(len(b) for b in self.inbox.values())
+
+    def _can_pull(self) -> bool:
+        return (not self.source_done and self.rows_emitted < self.want_rows
+                and self._in_flight() < self.budget)
+
+    def _empty_before(self, i: int) -> bool:
+        return all(
+            (self.t[j].count() == 0) if j in self.t else not self.inbox[j]
+            for j in range(i))
+
+    def _submit(self, i: int, st: _TransformState) -> None:
+        n = min(self.group_size, len(st.waiting))
+        take = [st.waiting.popleft() for _ in range(n)]
+        elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
+        st.inflight.append(([o for o, _ in take], self.runners[i].submit(elements)))
+
+    def pump(self) -> bool:
+        """Move everything that can move without waiting; True if anything did."""
+        moved = False
+        for i in sorted(self.t, reverse=True):
+            st = self.t[i]
+            while st.inflight and st.inflight[0][1].done():
+                origins, fut = st.inflight.popleft()
+                try:
+                    outs = fut.result()
+                except ZephonError:
+                    raise
+                except Exception as exc:
+                    raise RuntimeError(f"lane {self.lane}, stage {self.stages[i].name!r}, group "
+                                       f"starting at {origins[0].where()}: {exc}") from exc
+                for o, out in zip(origins, outs, strict=True):
+                    self._to_stage(i + 1, o, out)
+                moved = True
+        moved |= self._drain()
+        while self._can_pull():
+            origin = self.source.next()
+            moved = True
+            self.draws_since_row += 1
+            if self.draws_since_row > self.stall_limit:
+                raise NoRowsError(
+                    f"lane {self.lane} drew {self.draws_since_row} elements since its last row "
+                    f"and packed none (drops so far: {self.dropped}); every element is being "
+                    "dropped: check the filters, seq_len, limits and the overlong setting")
+            if origin is None:
+                self.source_done = True
+                break
+            self._to_stage(0, origin, origin.pointer)
+            self._drain()
+        starving = self.source_done or not self._can_pull()
+        for i, st in self.t.items():
+            while st.waiting and len(st.inflight) < self.prefetch and (
+                    len(st.waiting) >= self.group_size or (starving and self._empty_before(i))):
+                self._submit(i, st)
+                moved = True
+        moved |= self._drain()
+        return self._flush_if_done() or moved
+
+    def _flush_if_done(self) -> bool:
+        if not self.source_done or self.finished:
+            return False
+        moved = False
+        for s in self.stages:
+            if s.kind == "transform" or s.index in self.flushed:
+                continue
+            if not (self._empty_before(s.index) and not self.inbox[s.index]):
+                break
+            self.flushed.add(s.index)
+            moved = True
+            if s.index == self.pack_index:
+                self.packer.flush()
+                self._take_rows()
+                self.finished = True
+            else:
+                for o, p in self.accs[s.index].flush():
+                    self._to_stage(s.index + 1, o, p)
+                self._drain()
+        return moved
+
+    def head_futures(self) -> list[Future]:
+        return [st.inflight[0][1] for st in self.t.values() if st.inflight]
+
+    # --- checkpoint --------------------------------------------------------
+    def _pending(self) -> dict[str, list[list[int]]]:
+        """Per accumulator/pack stage: origins on their way to it, oldest first."""
+        out: dict[str, list[list[int]]] = {}
+        start = 0
+        for s in self.stages:
+            if s.kind == "transform":
+                continue
+            origins = [o for o, _ in self.inbox[s.index]]
+            for j in range(s.index - 1, start - 1, -1):
+                origins += self.t[j].origins()
+            out[str(s.index)] = [list(o) for o in origins]
+            start = s.index + 1
+        return out
+
+    def held_origins(self) -> list[Origin]:
+        """Every element drawn from the source that has not reached a row or a drop yet."""
+        pending = [Origin(*o) for origins in self._pending().values() for o in origins]
+        held = [o for acc in self.accs.values() for o in acc.held_origins()]
+        return pending + held + self.packer.held_origins()
+
+    def snapshot(self) -> dict:
+        return {
+            "source": self.source.state.to_json(),
+            "source_done": self.source_done,
+            "rows": self.rows_emitted,
+            "pending": self._pending(),
+            "accumulators": {str(i): a.state() for i, a in self.accs.items()},
+            "packer": self.packer.state(),
+            "flushed": sorted(self.flushed),
+            "drops": [[*o, reason] for o, reason in self.pending_drops],
+            "dropped": dict(sorted(self.dropped.items())),
+        }
+
+    def _recompute(self, origins: list[Origin], upto: int) -> list[Any]:
+        fn = self.plan.prefix_fn(upto)
+        if not fn.transforms:
+            return [o.pointer for o in origins]
+        fn.setup()
+        return fn([Element(element_key(self.seed, o), o.pointer, o) for o in origins])
+
+    def restore(self, snap: dict) -> None:
+        """Rebuild the lane from a snapshot; payloads are recomputed from origins."""
+        try:
+            self.source.state = SourceState.from_json(snap["source"])
+            if len(self.source.state.counts) != len(self.source.orders):
+                raise ValueError(f"source.counts has {len(self.source.state.counts)} entries "
+                                 f"for {len(self.source.orders)} datasets")
+            self.source_done = bool(snap["source_done"])
+            self.rows_emitted = int(snap["rows"])
+            self.flushed = {int(i) for i in snap["flushed"]}
+            self.pending_drops = [(Origin(*d[:5]), str(d[5])) for d in snap["drops"]]
+            self.dropped = {str(k): int(v) for k, v in snap["dropped"].items()}
+            start = 0
+            for s in self.stages:
+                if s.kind == "transform":
+                    continue
+                origins = [Origin(*o) for o in snap["pending"][str(s.index)]]
+                entry = start if start < s.index else s.index
+                for o, p in zip(origins, self._recompute(origins, entry), strict=True):
+                    self._to_stage(entry, o, p)
+                if s.kind == "accumulator":
+                    self.accs[s.index].restore(snap["accumulators"][str(s.index)],
+                                               lambda os_, i=s.index: self._recompute(os_, i))
+                start = s.index + 1
+            self.packer.restore(snap["packer"], lambda os_: self._recompute(os_, self.pack_index))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise CheckpointError(
+                f"lane {self.lane}: the checkpoint's lane state is corrupt or truncated "
+                f"({type(exc).__name__}: {exc}); restore from an intact checkpoint file") from None
+        self.finished = self.pack_index in self.flushed
+        self._take_rows()

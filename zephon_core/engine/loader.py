@@ -1,0 +1,341 @@
+"""The loader of one data-parallel rank: its lanes, the tail multiplexer, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon_core.data.sources import DatasetOrder, LaneSource
+from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
+from zephon_core.engine.execution import Execution
+from zephon_core.engine.lane import LaneRun
+from zephon_core.engine.plan import Plan
+from zephon_core.engine.runners import Runner
+from zephon_core.errors import ConfigError, ZephonError
+from zephon_core.ops.pack import Row
+from zephon_core.recipes.recipe import Recipe
+from zephon_core.records import Origin
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepMeta:
+    """What a step's local batch is made of: its rows' segments and the drops decided with them."""
+
+    step: int
+    lanes: list[int]
+    rows: list[list[tuple[Origin, int, int]]]
+    drops: list[tuple[Origin, str]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(e - s for row in self.rows for _, s, e in row)
+
+
+@dataclass
+class _Step:
+    rows: list[Row]
+    snapshots: dict[int, dict]
+    meta: StepMeta
+
+
+
+class Loader:
+    """An iterator of local batches for rank `dp_rank` of `dp_world_size`.
+
+    Local batch `t` is, in lane order, rows `[t*r, (t+1)*r)` of each of this
+    rank's lanes; concatenating ranks `0..D-1` gives the global batch, which is
+    therefore the same for every `D` dividing `L`.
+
+    With `background=True` a driver thread runs the lanes and collates up to
+    `execution.prefetch_steps` batches ahead of the consumer (so packing and
+    collation overlap the training step); `state_dict()` still describes the
+    last batch the consumer received.
+    """
+
+    def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
+                 execution: Execution | None = None, microbatches: int = 1,
+                 runners: dict[int, Runner] | None = None, gather: bool = True,
+                 background: bool = False) -> None:
+        self.recipe = recipe
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.lanes = recipe.lanes_of(dp_rank, dp_world_size)
+        self.local_rows = recipe.rows_per_lane * len(self.lanes)
+        if microbatches < 1 or self.local_rows % microbatches:
+            raise ConfigError(f"the local batch of {self.local_rows} rows cannot be split into "
+                              f"{microbatches} equal microbatches")
+        self.microbatches = microbatches
+        self.execution = execution or Execution()
+        self.plan = Plan(recipe.ops, self.execution, len(self.lanes))
+        self.fingerprint = recipe.fingerprint()
+        self._owns_runners = runners is None
+        self.runners = runners if runners is not None else self.plan.make_runners()
+        self.gather = gather
+        sizes = [[d.reader.shard_len(s) for s in range(d.reader.num_shards)]
+                 for d in recipe.datasets]
+        self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
+                        for j, sz in enumerate(sizes)]
+        self._failed: BaseException | None = None
+        # A weak reference: torch's registry owns the group, so destroy_process_group frees
+        # it and its threads before interpreter shutdown (see checkpoint._gloo_group).
+        self._end_group: Callable[[], Any] | None = None
+        if recipe.epochs is not None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self._end_group = weakref.ref(dist.new_group(backend="gloo"))
+        self.background = background
+        self._thread: threading.Thread | None = None
+        self.step = 0
+        self._produced = 0
+        self.last_meta: StepMeta | None = None
+        self.end_of_data: list[tuple[int, int]] = []
+        self._closed = False
+        self._build_lanes(None)
+
+    def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
+        r = self.recipe
+        self._runs = []
+        for lane in self.lanes:
+            src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
+                             r.epochs)
+            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane)
+            if snapshots is not None:
+                run.restore(snapshots[lane])
+            self._runs.append(run)
+        self._snapshots = {run.lane: run.snapshot() for run in self._runs} \
+            if snapshots is None else dict(snapshots)
+
+    # --- iteration ---------------------------------------------------------
+    def __iter__(self) -> Loader:
+        return self
+
+    def next_rows(self) -> list[Row] | None:
+        """The local batch's rows in lane order, or None at the end of the data."""
+        if self._thread is not None:
+            raise RuntimeError("next_rows() is not available with background=True; iterate")
+        step = self._advance()
+        if step is None:
+            return None
+        self._deliver(step)
+        return step.rows
+
+    def _advance(self) -> _Step | None:
+        """Run the lanes; a failure leaves the loader unusable rather than silently short."""
+        if self._closed:
+            raise RuntimeError("the loader is closed")
+        if self._failed is not None:
+            raise RuntimeError("the loader stopped on an error at step "
+                               f"{self._produced}: {self._failed}; load a checkpoint "
+                               "(load_state_dict) to continue") from self._failed
+        try:
+            return self._advance_lanes()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _advance_lanes(self) -> _Step | None:
+        """Run the lanes until each has `r` more rows; take them (driver thread only)."""
+        r = self.recipe.rows_per_lane
+        ahead = self.execution.prefetch_steps
+        for run in self._runs:
+            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+        while not (full := all(len(run.rows) >= r for run in self._runs)):
+            if any(run.finished and len(run.rows) < r for run in self._runs):
+                break
+            progressed = False
+            for run in self._runs:
+                progressed |= run.pump()
+            if not progressed:
+                heads = [f for run in self._runs for f in run.head_futures()]
+                if not heads:
+                    raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
+                                       f"lanes {self.lanes}, step {self._produced}")
+                wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+        if not self._every_rank_has_a_batch(full):
+            self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
+            return None
+        rows: list[Row] = []
+        drops: list[tuple[Origin, str]] = []
+        snaps: dict[int, dict] = {}
+        for run in self._runs:
+            taken = [run.rows.popleft() for _ in range(r)]
+            rows += [row for row, _ in taken]
+            drops += [d for row, _ in taken for d in row.drops]
+            snaps[run.lane] = taken[-1][1]
+        for run in self._runs:
+            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+            run.pump()
+        meta = StepMeta(self._produced, list(self.lanes),
+                        [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
+                        drops)
+        self._produced += 1
+        return _Step(rows, snaps, meta)
+
+    def _every_rank_has_a_batch(self, full: bool) -> bool:
+        """With finite data, the run ends at the first step *any* rank cannot fill.
+
+        How many rows a lane yields depends on packing, so no rank can know
+        locally when another rank's lanes run out: the ranks agree (gloo MIN).
+        """
+        if self._end_group is None:
+            return full
+        import torch
+        import torch.distributed as dist
+
+        group = self._end_group()
+        if group is None:
+            raise ZephonError("the loader's gloo group was destroyed (destroy_process_group) "
+                               "while data was still being read; close the loader first")
+        flag = torch.tensor([1 if full else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
+    def leftover(self) -> dict:
+        """At the end of finite data: what the lanes drew but never delivered.
+
+        ``rows``: rows made but not delivered; ``drops``: drops not yet
+        reported; ``held``: elements still buffered or in flight in lanes
+        that had not finished.
+
+        Together with every `last_meta` of the run, this accounts for every
+        element the lanes consumed (exactly once, guarantee 5).
+        """
+        rows = [row for run in self._runs for row, _ in run.rows]
+        return {
+            "rows": [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
+            "drops": [d for row in rows for d in row.drops]
+                     + [d for run in self._runs for d in run.pending_drops],
+            "held": [o for run in self._runs for o in run.held_origins()],
+        }
+
+    def _deliver(self, step: _Step) -> None:
+        """The consumer has the step: its snapshots become the loader's state."""
+        self._snapshots.update(step.snapshots)
+        self.last_meta = step.meta
+        self.step = step.meta.step + 1
+
+    def _collate(self, rows: list[Row]) -> Any:
+        if self.microbatches == 1:
+            return self.recipe.collate(rows)
+        k = len(rows) // self.microbatches
+        return [self.recipe.collate(rows[i:i + k]) for i in range(0, len(rows), k)]
+
+    def __next__(self) -> Any:
+        if not self.background:
+            rows = self.next_rows()
+            if rows is None:
+                raise StopIteration
+            return self._collate(rows)
+        if self._thread is None:
+            self._start_background()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._stop_background()
+            raise item
+        if item is None:
+            self._stop_background()
+            raise StopIteration
+        step, batch = item
+        self._deliver(step)
+        return batch
+
+    def _start_background(self) -> None:
+        self._queue = queue.Queue(maxsize=max(1, self.execution.prefetch_steps))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="zephon-driver", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        """Background driver: run lanes and collate ahead of the consumer."""
+        try:
+            while not self._stop.is_set():
+                step = self._advance()
+                item = None if step is None else (step, self._collate(step.rows))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if item is None:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            self._queue.put(exc)
+
+    def _stop_background(self) -> None:
+        """Stop the driver thread and forget what it produced beyond the consumer's step."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        self._thread = None
+
+    # --- checkpoint --------------------------------------------------------
+    def local_state_dict(self) -> dict:
+        """This rank's lanes only, at the last step boundary delivered."""
+        return make_state(self.fingerprint, self.step, self._snapshots, self.recipe.num_lanes)
+
+    def state_dict(self) -> dict:
+        """The global state when torch.distributed is initialized (identical on every rank).
+
+        Without torch.distributed it is this rank's local state; merge the
+        states of all ranks with `merge_states` to resume on another rank count.
+        """
+        local = self.local_state_dict()
+        if self.gather:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                return gather_global_state(local)
+        return local
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken, on this loader's rank count."""
+        check_state(state, self.fingerprint, self.lanes)
+        self._stop_background()
+        snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
+        self.step = self._produced = int(state["step"])
+        self._failed = None
+        self._build_lanes(snaps)
+
+    # --- lifecycle -----------------------------------------------------------
+    def explain(self) -> str:
+        r = self.recipe
+        head = (f"recipe {r.name}: L={r.num_lanes} lanes, G={r.global_batch_size} rows/step "
+                f"({r.rows_per_lane} per lane), S={r.seq_len}; rank {self.dp_rank}/"
+                f"{self.dp_world_size} owns lanes {self.lanes[0]}..{self.lanes[-1]}")
+        return head + "\n" + self.plan.explain(len(self.lanes), r.rows_per_lane)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._stop_background()
+        self._closed = True
+        if self._owns_runners:
+            for runner in self.runners.values():
+                runner.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

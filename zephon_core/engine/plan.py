@@ -1,0 +1,103 @@
+"""The compiled plan: a recipe's operators as stages, fused where the execution allows.
+
+The *recipe* (operators and their settings) decides the data. The
+*execution* (runner, workers per operator, group size, prefetch) decides only
+where and when work happens; it is never part of a checkpoint fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zephon_core.engine.execution import Execution
+from zephon_core.engine.runners import Runner, make_runner
+from zephon_core.errors import ConfigError
+from zephon_core.ops.contract import AccumulatorOp, Operator, StageFn, Transform
+from zephon_core.ops.pack import Pack
+
+
+@dataclass
+class Stage:
+    """One step of the compiled lane pipeline."""
+
+    index: int
+    kind: str  # "transform" | "accumulator" | "pack"
+    ops: list[Operator]
+    runner_kind: str = "inline"
+    workers: int = 1
+
+    @property
+    def name(self) -> str:
+        return "+".join(o.name for o in self.ops)
+
+
+class Plan:
+    """Operators compiled into stages: fused transforms, accumulators, and the packer last."""
+
+    def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1) -> None:
+        names = [o.name for o in ops]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"operator names must be unique; repeated: {sorted(dup)}")
+        if not ops or not isinstance(ops[-1], Pack):
+            raise ConfigError("a pipeline must end with a Pack operator (rows are packed per lane)")
+        if any(isinstance(o, Pack) for o in ops[:-1]):
+            raise ConfigError("only one Pack operator is allowed, at the end")
+        self.ops = ops
+        self.execution = execution
+        self.stages: list[Stage] = []
+        for op in ops:
+            if isinstance(op, Transform):
+                kind, workers = execution.runner_for(op)
+                last = self.stages[-1] if self.stages else None
+                if (execution.fuse and last is not None and last.kind == "transform"
+                        and (last.runner_kind, last.workers) == (kind, workers)):
+                    last.ops.append(op)
+                else:
+                    self.stages.append(Stage(len(self.stages), "transform", [op], kind, workers))
+            elif isinstance(op, AccumulatorOp):
+                self.stages.append(Stage(len(self.stages), "accumulator", [op]))
+            elif isinstance(op, Pack):
+                self.stages.append(Stage(len(self.stages), "pack", [op]))
+            else:
+                raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
+                                  "AccumulatorOp nor a Pack")
+        workers = max((s.workers for s in self.stages if s.runner_kind != "inline"), default=1)
+        self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
+
+    @property
+    def pack(self) -> Pack:
+        return self.ops[-1]  # type: ignore[return-value]
+
+    def stage_fn(self, stage: Stage) -> StageFn:
+        return StageFn(list(stage.ops))  # type: ignore[arg-type]
+
+    def prefix_fn(self, upto: int) -> StageFn:
+        """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""
+        return StageFn([op for s in self.stages[:upto] if s.kind == "transform"
+                        for op in s.ops])  # type: ignore[misc]
+
+    def make_runners(self) -> dict[int, Runner]:
+        ex = self.execution
+        return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
+                                     ex.start_method, s.name)
+                for s in self.stages if s.kind == "transform"}
+
+    def explain(self, lanes: int | None = None, rows_per_lane: int | None = None) -> str:
+        ex = self.execution
+        lines = ["zephon plan (per lane, in order):"]
+        lines.append("  source: pointers from the work source (no I/O)")
+        for s in self.stages:
+            if s.kind == "transform":
+                par = "in the driver thread" if s.runner_kind == "inline" else \
+                    f"{s.workers} {s.runner_kind[:-1] if s.workers == 1 else s.runner_kind}"
+                lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
+                             f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
+                             "per lane]")
+            else:
+                lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")
+        tail = "  tail: lane multiplexer -> local batch in lane order"
+        if lanes is not None and rows_per_lane is not None:
+            tail += f" ({lanes} lanes x {rows_per_lane} rows per step)"
+        lines.append(tail + f"; {ex.prefetch_steps} step(s) prefetched")
+        return "\n".join(lines)

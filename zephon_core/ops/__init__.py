@@ -1,0 +1,1 @@
+"""Operators: the Transform/Accumulator contract, and the built-in shuffle, pack and text operators."""

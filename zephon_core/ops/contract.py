@@ -1,0 +1,175 @@
+"""The operator contract.
+
+An operator is either a **transform** (stateless: `process_many` is a pure
+function of its input elements, so any number of workers may run it on any
+grouping) or an **accumulator** (stateful, one instance per lane, sees the
+lane's elements in order and decides groupings). Accumulators keep only
+*origins* in their checkpointed state; payloads are recomputed from origins on
+restore, so restore cost is bounded by what was buffered.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core.records import Dropped, Element, Origin
+
+ON_ERROR = ("raise", "drop")
+Recompute = Callable[[list[Origin]], list[Any]]
+
+
+class Operator(ABC):
+    """Common part: a unique name in the pipeline and fingerprinted settings."""
+
+    name: str
+
+    def settings(self) -> dict:
+        """Settings that change the data; stored in checkpoint fingerprints."""
+        return {}
+
+
+class Transform(Operator):
+    """Stateless per-element work, run by a runner (inline, threads or processes).
+
+    `on_error` decides what a `BadSampleError` does: ``raise`` stops the
+    pipeline with the sample's location; ``drop`` records the element as
+    dropped with the error's reason. Any other exception is a bug and raises.
+    """
+
+    on_error: str = "raise"
+    default_runner: str | None = None
+
+    def setup(self) -> None:
+        """Called once in each process before the first `process_many` (load models here)."""
+
+    @abstractmethod
+    def process_many(self, elements: list[Element]) -> list[Any]:
+        """One output (or `Dropped`) per input element, in order."""
+
+
+class Accumulator(ABC):
+    """Per-lane state of an element-preserving stateful operator (it reorders or holds)."""
+
+    @abstractmethod
+    def push(self, item: tuple[Origin, Any]) -> list[tuple[Origin, Any]]: ...
+
+    @abstractmethod
+    def flush(self) -> list[tuple[Origin, Any]]: ...
+
+    @abstractmethod
+    def state(self) -> dict:
+        """JSON state; elements appear as origins (lists of ints) only."""
+
+    @abstractmethod
+    def held_origins(self) -> list[Origin]:
+        """Origins of the elements it holds."""
+
+    @abstractmethod
+    def restore(self, state: dict, recompute: Recompute) -> None:
+        """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
+
+
+class AccumulatorOp(Operator):
+    """An operator whose work is an `Accumulator` per lane."""
+
+    @abstractmethod
+    def make(self, lane: int, seed: int) -> Accumulator: ...
+
+
+class Map(Transform):
+    """Apply a user function to each payload. The function must be pure and picklable."""
+
+    def __init__(self, fn: Callable[[Any], Any], name: str | None = None, on_error: str = "raise",
+                 settings: dict | None = None) -> None:
+        self.fn = fn
+        self.name = name or f"map:{getattr(fn, '__name__', 'fn')}"
+        self.on_error = check_on_error(on_error)
+        self._settings = settings or {}
+
+    def settings(self) -> dict:
+        return {"fn": _qualname(self.fn), **self._settings}
+
+    def process_many(self, elements: list[Element]) -> list[Any]:
+        return [self.fn(e.payload) for e in elements]
+
+
+class Filter(Transform):
+    """Keep payloads for which `predicate` is true; the others are recorded as dropped."""
+
+    def __init__(self, predicate: Callable[[Any], bool], name: str | None = None,
+                 reason: str = "filtered") -> None:
+        self.predicate = predicate
+        self.name = name or f"filter:{getattr(predicate, '__name__', 'fn')}"
+        self.reason = reason
+
+    def settings(self) -> dict:
+        return {"predicate": _qualname(self.predicate), "reason": self.reason}
+
+    def process_many(self, elements: list[Element]) -> list[Any]:
+        return [e.payload if self.predicate(e.payload) else Dropped(self.reason)
+                for e in elements]
+
+
+def _qualname(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def check_on_error(value: str) -> str:
+    if value not in ON_ERROR:
+        raise ConfigError(f"on_error must be one of {ON_ERROR}, got {value!r}")
+    return value
+
+
+@dataclass
+class StageFn:
+    """Consecutive transforms fused into one call, as a worker runs them.
+
+    A `BadSampleError` under the ``drop`` policy is isolated by re-running the
+    group element by element, so the result does not depend on the grouping.
+    """
+
+    transforms: list[Transform]
+
+    def setup(self) -> None:
+        for t in self.transforms:
+            t.setup()
+
+    def __call__(self, elements: list[Element]) -> list[Any]:
+        outputs: list[Any] = [e.payload for e in elements]
+        for t in self.transforms:
+            live = [i for i, o in enumerate(outputs) if not isinstance(o, Dropped)]
+            if not live:
+                break
+            batch = [Element(elements[i].key, outputs[i], elements[i].origin) for i in live]
+            for i, out in zip(live, _run_one(t, batch), strict=True):
+                outputs[i] = out
+        return outputs
+
+
+def _run_one(t: Transform, batch: list[Element]) -> list[Any]:
+    try:
+        out = t.process_many(batch)
+    except BadSampleError as exc:
+        if len(batch) == 1:
+            if t.on_error == "drop":
+                return [Dropped(exc.reason, exc.detail or exc.where)]
+            raise _located(exc, batch[0], t) from None
+        return [o for e in batch for o in _run_one(t, [e])]
+    if len(out) != len(batch):
+        raise RuntimeError(f"operator {t.name} returned {len(out)} outputs for {len(batch)} inputs")
+    return out
+
+
+def _located(exc: BadSampleError, element: Element, t: Transform) -> BadSampleError:
+    where = exc.where
+    if element.origin is not None:
+        where = f"{where} [{element.origin.where()}]"
+    return BadSampleError(
+        exc.reason, where,
+        (exc.detail + "; " if exc.detail else "")
+        + f"raised in operator {t.name!r}; set on_error='drop' to record and skip such samples",
+    )

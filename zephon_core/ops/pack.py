@@ -1,0 +1,227 @@
+"""Per-lane sequence packing: documents in, rows of `seq_len` tokens out.
+
+A document payload is a dict with ``tokens`` (int array), optionally
+``targets`` (bool array: which tokens are prediction targets; default all)
+and ``costs`` (extra per-row budgets such as ``{"vision_tokens": 256,
+"images": 1}``, checked against the packer's `limits`).
+
+The packer keeps up to `max_open_bins` partially filled rows. A document goes
+to the first bin it fits (``first_fit``) or the bin it fills best
+(``best_fit``); when none fits and no bin can be opened, the fullest bin is
+closed and becomes a row. Rows hold *segments* (origin, start, end) of
+documents, so the state is a list of origins and slices.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zephon_core.errors import ConfigError
+from zephon_core.ops.contract import Operator, Recompute
+from zephon_core.records import Dropped, Origin
+
+MODES = ("first_fit", "best_fit")
+OVERLONG = ("split", "truncate", "drop")
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Segment:
+    origin: Origin
+    payload: Any
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Row:
+    """One packed training sequence before collation; `drops` are decisions recorded with it."""
+
+    segments: list[Segment]
+    drops: list[tuple[Origin, str]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+class Pack(Operator):
+    """Pack documents into rows of `seq_len` tokens, per lane."""
+
+    def __init__(self, seq_len: int, mode: str = "best_fit", max_open_bins: int = 4,
+                 overlong: str = "split", limits: dict[str, int] | None = None,
+                 pad_id: int = 0, name: str = "pack") -> None:
+        if mode not in MODES:
+            raise ConfigError(f"pack mode must be one of {MODES}, got {mode!r}")
+        if overlong not in OVERLONG:
+            raise ConfigError(f"pack overlong must be one of {OVERLONG}, got {overlong!r}")
+        if seq_len < 2 or max_open_bins < 1:
+            raise ConfigError("pack needs seq_len >= 2 and max_open_bins >= 1")
+        self.seq_len = seq_len
+        self.mode = mode
+        self.max_open_bins = max_open_bins
+        self.overlong = overlong
+        self.limits = dict(limits or {})
+        self.pad_id = pad_id
+        self.name = name
+
+    def settings(self) -> dict:
+        return {"seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
+                "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id}
+
+    def make(self, lane: int, seed: int) -> Packer:
+        return Packer(self)
+
+
+@dataclass
+class _Bin:
+    segments: list[Segment] = field(default_factory=list)
+    used: dict[str, int] = field(default_factory=dict)
+
+    def tokens(self) -> int:
+        return self.used.get("tokens", 0)
+
+
+class Packer:
+    """The per-lane state of `Pack`."""
+
+    def __init__(self, op: Pack) -> None:
+        self.op = op
+        self.bins: list[_Bin] = []
+        self.ready: deque[list[Segment]] = deque()
+        self.truncated = 0
+
+    def _costs(self, payload: dict, length: int) -> dict[str, int]:
+        costs = {"tokens": length}
+        for k, v in (payload.get("costs") or {}).items():
+            costs[k] = int(v)
+        return costs
+
+    def _limit(self, key: str) -> int:
+        return self.op.seq_len if key == "tokens" else self.op.limits.get(key, 1 << 62)
+
+    def _fits(self, b: _Bin, costs: dict[str, int]) -> bool:
+        return all(b.used.get(k, 0) + v <= self._limit(k) for k, v in costs.items())
+
+    def push(self, origin: Origin, payload: dict) -> Dropped | None:
+        """Absorb one document; returns a `Dropped` when the document cannot be packed."""
+        n = len(payload["tokens"])
+        S = self.op.seq_len
+        if n == 0:
+            return Dropped("empty")
+        costs = self._costs(payload, n)
+        over = [k for k, v in costs.items() if k != "tokens" and v > self._limit(k)]
+        if over:
+            return Dropped(f"over_limit:{over[0]}", f"{costs[over[0]]} > {self._limit(over[0])}")
+        start = 0
+        if n > S:
+            if self.op.overlong == "drop" or len(costs) > 1:
+                return Dropped("over_length", f"{n} tokens > seq_len {S}")
+            if self.op.overlong == "truncate":
+                self.truncated += 1
+                self.ready.append([Segment(origin, payload, 0, S)])
+                return None
+            while n - start > S:
+                self.ready.append([Segment(origin, payload, start, start + S)])
+                start += S
+            costs = {"tokens": n - start}
+        self._place(Segment(origin, payload, start, n), costs)
+        return None
+
+    def _place(self, seg: Segment, costs: dict[str, int]) -> None:
+        candidates = [i for i, b in enumerate(self.bins) if self._fits(b, costs)]
+        if candidates:
+            if self.op.mode == "first_fit":
+                i = candidates[0]
+            else:
+                i = min(candidates, key=lambda j: (self.op.seq_len - self.bins[j].tokens()
+                                                   - costs["tokens"], j))
+        else:
+            if len(self.bins) >= self.op.max_open_bins:
+                fullest = max(range(len(self.bins)), key=lambda j: (self.bins[j].tokens(), -j))
+                self.ready.append(self.bins.pop(fullest).segments)
+            self.bins.append(_Bin())
+            i = len(self.bins) - 1
+        b = self.bins[i]
+        b.segments.append(seg)
+        for k, v in costs.items():
+            b.used[k] = b.used.get(k, 0) + v
+        if b.tokens() == self.op.seq_len:
+            self.ready.append(self.bins.pop(i).segments)
+
+    def flush(self) -> None:
+        while self.bins:
+            self.ready.append(self.bins.pop(0).segments)
+
+    def pop_row(self) -> Row | None:
+        return Row(self.ready.popleft()) if self.ready else None
+
+    # --- checkpoint -------------------------------------------------------
+    def state(self) -> dict:
+        def segs(ss: list[Segment]) -> list[list[int]]:
+            return [[*s.origin, s.start, s.end] for s in ss]
+
+        return {"bins": [segs(b.segments) for b in self.bins],
+                "ready": [segs(r) for r in self.ready], "truncated": self.truncated}
+
+    def held_origins(self) -> list[Origin]:
+        """Documents in open bins or ready rows (a split document once)."""
+        seen: dict[int, Origin] = {}
+        for segments in [b.segments for b in self.bins] + list(self.ready):
+            for seg in segments:
+                seen.setdefault(seg.origin.seq, seg.origin)
+        return list(seen.values())
+
+    def restore(self, state: dict, recompute: Recompute) -> None:
+        origins: dict[int, Origin] = {}
+        for rows in [*state["bins"], *state["ready"]]:
+            for r in rows:
+                origins.setdefault(int(r[0]), Origin(*r[:5]))
+        payloads = dict(zip(origins, recompute(list(origins.values())), strict=True))
+
+        def segs(rows: list[list[int]]) -> list[Segment]:
+            return [Segment(Origin(*r[:5]), payloads[int(r[0])], int(r[5]), int(r[6]))
+                    for r in rows]
+
+        self.bins = []
+        for raw in state["bins"]:
+            b = _Bin(segs(raw))
+            for s in b.segments:
+                for k, v in self._costs(s.payload, s.length).items():
+                    b.used[k] = b.used.get(k, 0) + v
+            self.bins.append(b)
+        self.ready = deque(segs(r) for r in state["ready"])
+        self.truncated = int(state["truncated"])
+
+
+def text_row_arrays(row: Row, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """`input`, `labels` and `positions` of one row (labels are next-token targets).
+
+    The last token of each segment has label -100: nothing follows it inside
+    the row, and a segment never predicts across a document boundary.
+    """
+    inp = np.full(seq_len, pad_id, dtype=np.int64)
+    lab = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
+    pos = np.zeros(seq_len, dtype=np.int64)
+    at = 0
+    for s in row.segments:
+        toks = np.asarray(s.payload["tokens"][s.start:s.end])
+        n = len(toks)
+        inp[at:at + n] = toks
+        pos[at:at + n] = np.arange(n)
+        if n > 1:
+            nxt = toks[1:].astype(np.int64)
+            targets = s.payload.get("targets")
+            if targets is not None:
+                nxt = np.where(np.asarray(targets[s.start + 1:s.end]), nxt, IGNORE_INDEX)
+            lab[at:at + n - 1] = nxt
+        at += n
+    return {"input": inp, "labels": lab, "positions": pos}

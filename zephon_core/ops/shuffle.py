@@ -1,0 +1,62 @@
+"""Per-lane shuffle buffer, seeded by (seed, lane, emission count)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zephon_core.common.hashing import uniform_index
+from zephon_core.ops.contract import Accumulator, AccumulatorOp, Recompute
+from zephon_core.records import Origin
+
+
+class Shuffle(AccumulatorOp):
+    """Hold `buffer_size` elements per lane and emit a seed-chosen one for each new arrival.
+
+    Put it right after the source (before read/decode) and it buffers pointers
+    only: its checkpoint is a list of origins and restoring it costs nothing.
+    """
+
+    def __init__(self, buffer_size: int = 1024, name: str = "shuffle") -> None:
+        self.buffer_size = buffer_size
+        self.name = name
+
+    def settings(self) -> dict:
+        return {"buffer_size": self.buffer_size}
+
+    def make(self, lane: int, seed: int) -> Accumulator:
+        return _ShuffleBuffer(self.buffer_size, seed, lane)
+
+
+class _ShuffleBuffer(Accumulator):
+    def __init__(self, size: int, seed: int, lane: int) -> None:
+        self.size = size
+        self.seed = seed
+        self.lane = lane
+        self.buffer: list[tuple[Origin, Any]] = []
+        self.emitted = 0
+
+    def _take(self) -> tuple[Origin, Any]:
+        i = uniform_index(len(self.buffer), self.seed, self.lane, self.emitted, 0x5348)
+        item = self.buffer[i]
+        self.buffer[i] = self.buffer[-1]
+        self.buffer.pop()
+        self.emitted += 1
+        return item
+
+    def push(self, item: tuple[Origin, Any]) -> list[tuple[Origin, Any]]:
+        self.buffer.append(item)
+        return [self._take()] if len(self.buffer) > self.size else []
+
+    def flush(self) -> list[tuple[Origin, Any]]:
+        return [self._take() for _ in range(len(self.buffer))]
+
+    def state(self) -> dict:
+        return {"emitted": self.emitted, "buffer": [list(o) for o, _ in self.buffer]}
+
+    def held_origins(self) -> list[Origin]:
+        return [o for o, _ in self.buffer]
+
+    def restore(self, state: dict, recompute: Recompute) -> None:
+        self.emitted = int(state["emitted"])
+        origins = [Origin(*o) for o in state["buffer"]]
+        self.buffer = list(zip(origins, recompute(origins), strict=True))

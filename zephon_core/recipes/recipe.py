@@ -1,0 +1,105 @@
+"""A recipe: everything that decides the data (and therefore the fingerprint)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from zephon_core.data.sources import Dataset, ShuffleSettings
+from zephon_core.errors import ConfigError
+from zephon_core.ops.contract import Operator
+from zephon_core.ops.pack import Pack, Row, text_row_arrays
+
+
+class TextCollate:
+    """Rows -> ``input``, ``labels``, ``positions`` int64 tensors of shape [rows, seq_len]."""
+
+    def __init__(self, seq_len: int, pad_id: int) -> None:
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+
+    def settings(self) -> dict:
+        return {"type": "text", "seq_len": self.seq_len, "pad_id": self.pad_id}
+
+    def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        arrays = [text_row_arrays(r, self.seq_len, self.pad_id) for r in rows]
+        return {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
+
+
+Collate = Callable[[list[Row]], dict[str, Any]]
+
+
+@dataclass
+class Recipe:
+    """Datasets, operators (ending with `Pack`), batch geometry and seed.
+
+    `global_batch_size` rows per step, `num_lanes` lanes (`L`), so each lane
+    gives `global_batch_size // num_lanes` rows per step.
+    """
+
+    datasets: list[Dataset]
+    ops: list[Operator]
+    global_batch_size: int
+    num_lanes: int
+    seed: int = 0
+    epochs: int | None = None
+    shuffle: ShuffleSettings = field(default_factory=ShuffleSettings)
+    collate: Any = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if not self.datasets:
+            raise ConfigError("a recipe needs at least one dataset")
+        if not self.ops or not isinstance(self.ops[-1], Pack):
+            raise ConfigError("a recipe's operators must end with Pack(seq_len=...)")
+        if self.num_lanes < 1:
+            raise ConfigError(f"num_lanes must be >= 1, got {self.num_lanes}")
+        if self.global_batch_size < 1 or self.global_batch_size % self.num_lanes:
+            raise ConfigError(
+                f"global_batch_size ({self.global_batch_size}) must be a positive multiple of "
+                f"num_lanes ({self.num_lanes}): each lane gives the same number of rows per step")
+        if self.collate is None:
+            self.collate = TextCollate(self.seq_len, self.ops[-1].pad_id)
+
+    @property
+    def seq_len(self) -> int:
+        return self.ops[-1].seq_len  # type: ignore[attr-defined]
+
+    @property
+    def rows_per_lane(self) -> int:
+        return self.global_batch_size // self.num_lanes
+
+    def lanes_of(self, dp_rank: int, dp_world_size: int) -> list[int]:
+        """Contiguous lanes of a rank: `[d*L/D, (d+1)*L/D)`."""
+        L, D = self.num_lanes, dp_world_size
+        if D < 1 or L % D:
+            divisors = [d for d in range(1, L + 1) if L % d == 0]
+            raise ConfigError(
+                f"{D} data-parallel ranks cannot share {L} lanes evenly: the rank count must "
+                f"divide the lane count. With L={L}, use D in {divisors}, or choose a lane "
+                "count that is a multiple of your rank counts (e.g. 64)")
+        if not 0 <= dp_rank < D:
+            raise ConfigError(f"dp_rank {dp_rank} is outside [0, {D})")
+        per = L // D
+        return list(range(dp_rank * per, (dp_rank + 1) * per))
+
+    def fingerprint(self) -> dict:
+        settings = getattr(self.collate, "settings", None)
+        return {
+            "recipe": self.name,
+            "num_lanes": self.num_lanes,
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "epochs": self.epochs,
+            "shuffle": self.shuffle.settings_dict(),
+            "mixture": [d.weight for d in self.datasets],
+            "datasets": [d.describe() for d in self.datasets],
+            "operators": [{"name": o.name, "type": type(o).__name__, **o.settings()}
+                          for o in self.ops],
+            "collate": settings() if callable(settings) else type(self.collate).__name__,
+        }

@@ -1,0 +1,1 @@
+"""The `zephon-vl` command line: one module per command, registered in `main`."""

@@ -1,0 +1,158 @@
+"""The `zephon-vl` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from zephon_core.engine.execution import Execution
+from zephon_core.errors import ZephonError
+
+Command = Callable[[argparse.Namespace], int]
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
+
+
+def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentParser], None]):
+    def wrap(fn: Command) -> Command:
+        COMMANDS[name] = (help_text, configure, fn)
+        return fn
+    return wrap
+
+
+def add_execution_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("execution (never changes the data)")
+    g.add_argument("--runner", choices=["auto", "inline", "threads", "processes"],
+                   default="auto", help="default runner of every operator (auto: each "
+                   "operator's own: processes for read, decode and tokenize, fused into one stage)")
+    g.add_argument("--workers", action="append", default=[], metavar="OP=N",
+                   help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
+    g.add_argument("--default-workers", type=int, default=None,
+                   help="workers of every operator without --workers (default: one process "
+                   "per core for process stages, one thread for thread stages)")
+    g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
+                   help="runner of one operator, e.g. --op-runner read=threads")
+    g.add_argument("--group-size", type=int, default=8)
+    g.add_argument("--prefetch", type=int, default=None,
+                   help="groups in flight per lane and stage (default: two per worker over the "
+                   "rank's lanes, at least 2)")
+    g.add_argument("--prefetch-steps", type=int, default=1)
+
+
+def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
+    """Digests of each step side by side, one column per run; True if every row agrees."""
+    width = max(18, *(len(c) + 2 for c in cols))
+    print("step  " + "  ".join(f"{c:<{width}}" for c in cols) + "  same")
+    ok = True
+    for t in sorted(table):
+        row = table[t]
+        same = len(set(row.values())) == 1
+        ok &= same
+        print(f"{t:<5} " + "  ".join(f"{row.get(c, '-')[:16]:<{width}}" for c in cols)
+              + f"  {'yes' if same else 'NO'}")
+    return ok
+
+
+def _pairs(items: list[str], cast: Callable) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ZephonError(f"expected OP=VALUE, got {item!r}")
+        out[key] = cast(value)
+    return out
+
+
+def execution_from(args: argparse.Namespace) -> Execution:
+    return Execution(runner=args.runner, workers=_pairs(args.workers, int),
+                     runners=_pairs(args.op_runner, str), default_workers=args.default_workers,
+                     group_size=args.group_size, prefetch=args.prefetch,
+                     prefetch_steps=args.prefetch_steps)
+
+
+def recipe_factory(args: argparse.Namespace) -> Callable:
+    from zephon_core.recipes.registry import load_recipe
+
+    _register_vl_recipes()
+    return lambda: load_recipe(args.recipe, num_lanes=args.lanes)
+
+
+def _register_vl_recipes() -> None:
+    try:
+        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
+    except ImportError:
+        pass
+
+
+def _digest_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", default="text-demo", help="built-in name or TOML file")
+    p.add_argument("--lanes", type=int, default=None, help="L (default: the recipe's)")
+    p.add_argument("--dp", type=int, default=1, help="simulated data-parallel ranks D")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--save-at", type=int, default=None, help="checkpoint after this many steps")
+    p.add_argument("--resume-dp", default=None,
+                   help="restore the checkpoint on these rank counts (comma-separated)")
+    p.add_argument("--state-out", default=None, help="also write the checkpoint JSON here")
+    p.add_argument("--explain", action="store_true", help="print the plan to stderr first")
+    add_execution_args(p)
+
+
+@command("digest", "print the SHA-256 of every global batch, one JSON line per step", _digest_args)
+def cmd_digest(args: argparse.Namespace) -> int:
+    from zephon_core.engine.loader import Loader
+    from zephon_core.engine.simulate import run_digests
+
+    make = recipe_factory(args)
+    ex = execution_from(args)
+    if args.explain:
+        with Loader(make(), 0, args.dp, ex) as probe:
+            print(probe.explain(), file=sys.stderr)
+    resume = [int(x) for x in args.resume_dp.split(",")] if args.resume_dp else None
+
+    def keep_state(state: str) -> None:
+        if args.state_out:
+            with open(args.state_out, "w") as f:
+                f.write(state)
+
+    for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state):
+        print(json.dumps(rec.to_json()), flush=True)
+    return 0
+
+
+def _tokenizer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="folder (default: the zephon cache)")
+
+
+@command("tokenizer", "build the bundled Qwen3.6 tokenizer folder and print its path",
+         _tokenizer_args)
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from zephon_core.recipes.assets import qwen_tokenizer_dir
+
+    print(qwen_tokenizer_dir(Path(args.out) if args.out else None))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    for module in ("zephon_vl.cli.commands",):
+        try:
+            __import__(module)
+        except ImportError as exc:
+            if exc.name != module:
+                raise
+    parser = argparse.ArgumentParser(prog="zephon-vl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, configure, _) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help_text, description=help_text))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][2](args)
+    except ZephonError as exc:
+        print(f"zephon-vl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""`zephon-vl shards`: WebDataset shards from a folder of images and captions."""
+
+from __future__ import annotations
+
+import argparse
+
+from zephon_vl.cli.main import command
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", help="images (jpg/png/webp) with captions name.txt or name.json")
+    p.add_argument("out", help="output folder for shard-NNNNNN.tar")
+    p.add_argument("--samples-per-shard", type=int, default=256)
+    p.add_argument("--prefix", default="shard")
+
+
+@command("shards", "write WebDataset shards from a folder of images and captions", _args)
+def cmd_shards(args: argparse.Namespace) -> int:
+    from zephon_vl.wds.writer import shards_from_folder
+
+    paths = shards_from_folder(args.folder, args.out, args.samples_per_shard, args.prefix)
+    for p in paths:
+        print(p)
+    return 0

@@ -1,0 +1,1 @@
+"""Pixels: image decode and resize to the patch grid, video frame sampling and decode."""

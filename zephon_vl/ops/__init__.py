@@ -1,0 +1,1 @@
+"""Vision-language operators: decode documents, tokenize with vision tokens, collate to tensors."""

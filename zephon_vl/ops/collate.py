@@ -1,0 +1,50 @@
+"""Rows -> the training tensors a VLM takes.
+
+``input``, ``labels``, ``positions``: int64 ``[rows, seq_len]`` (per-document
+positions; padding has label -100). ``pixel_values``: every image and video of
+the batch as patch rows, concatenated in row order and, inside a row, in
+token order, float32 ``[patches, 3*T*P*P]``. ``grid_thw``: int64
+``[images, 3]`` in the same order. The special token ids ride along as 0-d
+int64 tensors so a model never has to guess them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zephon_core.ops.pack import Row, text_row_arrays
+from zephon_vl.media.image import ImageSettings, patch_rows
+from zephon_vl.ops.multimodal import VisionTokens
+
+
+class VLCollate:
+    def __init__(self, seq_len: int, image: ImageSettings, special: VisionTokens) -> None:
+        self.seq_len = seq_len
+        self.image = image
+        self.special = special
+        self.row_width = 3 * image.temporal_patch_size * image.patch_size ** 2
+
+    def settings(self) -> dict:
+        return {"type": "vl", "seq_len": self.seq_len, "normalize": self.image.normalize,
+                "special": self.special.__dict__}
+
+    def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        arrays = [text_row_arrays(r, self.seq_len, self.special.pad) for r in rows]
+        out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
+        pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
+        grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
+        if pixels:
+            pv = patch_rows(pixels, self.image)
+            thw = np.stack(grids).astype(np.int64)
+        else:
+            pv = np.zeros((0, self.row_width), dtype=np.float32)
+            thw = np.zeros((0, 3), dtype=np.int64)
+        out["pixel_values"] = torch.from_numpy(pv)
+        out["grid_thw"] = torch.from_numpy(thw)
+        for name, value in (("image_token_id", self.special.image_pad),
+                            ("video_token_id", self.special.video_pad),
+                            ("vision_start_token_id", self.special.vision_start),
+                            ("vision_end_token_id", self.special.vision_end)):
+            out[name] = torch.tensor(value, dtype=torch.int64)
+        return out

@@ -1,0 +1,94 @@
+"""One rank of the distributed-checkpoint round trip (run under torchrun, gloo).
+
+    torchrun --standalone --nproc_per_node=2 -m zephon_vl.testing.dcp_check \\
+        --out OUT --steps 6 --save-at 3
+    torchrun --standalone --nproc_per_node=4 -m zephon_vl.testing.dcp_check \\
+        --out OUT2 --steps 6 --resume OUT/ckpt
+
+Every rank builds ``ZephonDataLoader`` through its TorchTitan ``Config`` with
+the arguments TorchTitan's trainer passes, iterates its micro-batches, and the
+global batch of each step (every rank's micro-batches, gathered in rank
+order) is hashed with ``zephon_core.common.digest.batch_digest``. With ``--save-at
+K`` the dataloader is saved through ``torch.distributed.checkpoint`` after
+step ``K-1`` under the top-level key ``dataloader``, as TorchTitan's
+checkpointer does; with ``--resume`` it is loaded from such a checkpoint and
+the run continues from the saved step. Rank 0 writes ``digests.json``
+(``{step: sha256}``) and ``state_sha.json`` (each rank's state SHA-256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from zephon_core.common.digest import batch_digest
+from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader
+
+TEXT_KEYS = ("input", "labels", "positions")
+
+
+def _gather_rows(local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k in TEXT_KEYS:
+        parts = [torch.empty_like(local[k]) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local[k].contiguous())
+        out[k] = torch.cat(parts)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--recipe", default="text-demo")
+    p.add_argument("--lanes", type=int, default=4)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--local-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--save-at", type=int, default=None)
+    p.add_argument("--resume", default=None)
+    args = p.parse_args(argv)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = ZephonDataLoader.Config(recipe=args.recipe, num_lanes=args.lanes,
+                                  global_batch_size=args.global_batch)
+    dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=args.seq_len,
+                   local_batch_size=args.local_batch, snapshot_every_n_steps=None)
+    out = Path(args.out)
+    start = 0
+    if args.resume:
+        dcp.load({"dataloader": dl}, checkpoint_id=args.resume)
+        start = dl.step
+    it = iter(dl)
+    digests: dict[int, str] = {}
+    shas: list[str] = []
+    for t in range(start, args.steps):
+        micro = [next(it) for _ in range(dl.microbatches)]
+        local = {"input": torch.cat([x["input"] for x, _ in micro]),
+                 "positions": torch.cat([x["positions"] for x, _ in micro]),
+                 "labels": torch.cat([y for _, y in micro])}
+        digests[t] = batch_digest(_gather_rows(local))
+        if args.save_at is not None and t + 1 == args.save_at:
+            sd = dl.state_dict()
+            mine = hashlib.sha256(sd[STATE_KEY].encode()).hexdigest()
+            every: list[str | None] = [None] * world
+            dist.all_gather_object(every, mine)
+            shas = [s for s in every if s is not None]
+            dcp.save({"dataloader": dl}, checkpoint_id=str(out / "ckpt"))
+    if rank == 0:
+        (out / "digests.json").write_text(json.dumps(digests))
+        (out / "state_sha.json").write_text(json.dumps(shas))
+    dl.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

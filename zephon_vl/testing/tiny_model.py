@@ -1,0 +1,130 @@
+"""Drive TorchTitan's debug models directly (no Trainer): build, feed zephon batches, step.
+
+Used by the loss-curve benchmark, the GPU smoke script and the tests. The
+forward and backward are TorchTitan's model code and its cross-entropy
+(``torchtitan.components.loss.cross_entropy_loss``, sum reduction divided by
+the global number of valid tokens, as ``Trainer.train_step`` does); the
+attention masks come from ``model.get_attention_masks(positions=...)`` as in
+``Trainer.post_dataloading_process``. What the Trainer adds and this does
+not: FSDP/TP wrapping, mixed precision, LR schedule, metrics. Data parallelism
+is plain: every rank holds the whole model and gradients are summed with
+``all_reduce`` (gloo on CPU).
+
+Why not the Trainer for the curves: its initial weights depend on the DP
+degree (FSDP initializes sharded parameters), it takes seconds per step on a
+2-core CPU, and the curves must start from the same weights at every ``D``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: The qwen3_5 debug model's vocabulary size; holds every id of the Qwen tokenizer.
+QWEN_VOCAB = 248320
+
+
+def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed: int = 0,
+                vocab_size: int = QWEN_VOCAB) -> torch.nn.Module:
+    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        from zephon_vl.testing.titan_cpu import apply
+
+        apply(qwen3_5=flavor == "qwen3_5")
+    from torchtitan.distributed import utils as dist_utils
+
+    # the default "spmd_types" backend needs the mesh the Trainer sets up
+    dist_utils.set_spmd_backend("partial_dtensor")
+    if flavor == "llama3":
+        from torchtitan.models.llama3 import model_registry
+    elif flavor == "qwen3_5":
+        from torchtitan.models.qwen3_5 import model_registry
+    else:
+        raise ValueError(f"flavor must be llama3 or qwen3_5, got {flavor!r}")
+    cfg = model_registry("debugmodel").model
+    if cfg.vocab_size != vocab_size:
+        cfg.vocab_size = vocab_size
+        cfg.tok_embeddings.num_embeddings = vocab_size
+        cfg.lm_head.out_features = vocab_size
+    with torch.device("meta"):
+        model = cfg.build()
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model
+
+
+def forward_inputs(model: torch.nn.Module, input_dict: dict[str, Any],
+                   device: torch.device) -> tuple[torch.Tensor, dict[str, Any]]:
+    """What ``Trainer.post_dataloading_process`` gives the model (no CP, no SPMD types)."""
+    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+              for k, v in input_dict.items() if k != "input"}
+    if "positions" in kwargs and hasattr(model, "get_attention_masks"):
+        kwargs["attention_masks"] = model.get_attention_masks(positions=kwargs["positions"])
+    return input_dict["input"].to(device), kwargs
+
+
+def loss_sum(model: torch.nn.Module, input_dict: dict[str, Any], labels: torch.Tensor,
+             device: torch.device) -> torch.Tensor:
+    """Sum of token cross-entropies of one micro-batch (TorchTitan's loss, sum reduction)."""
+    from torchtitan.components.loss import cross_entropy_loss
+
+    tokens, kwargs = forward_inputs(model, input_dict, device)
+    pred = model(tokens, **kwargs)
+    return cross_entropy_loss(pred, labels.to(device))
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
+               micro: list[tuple[dict[str, Any], torch.Tensor]], device: torch.device,
+               max_norm: float = 1.0) -> float:
+    """One optimizer step over this rank's micro-batches; returns the global mean loss.
+
+    With ``torch.distributed`` initialized, valid-token counts, loss sums and
+    gradients are summed over all ranks (the data-parallel mean over the
+    global batch, as TorchTitan normalizes it).
+    """
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    valid = torch.tensor(float(sum(int((y != -100).sum()) for _, y in micro)))
+    if distributed:
+        dist.all_reduce(valid)
+    opt.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for x, y in micro:
+        loss = loss_sum(model, x, y, device) / valid.to(device)
+        loss.backward()
+        total += float(loss.detach())
+    params = [p for p in model.parameters() if p.grad is not None]
+    if distributed:
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+        t = torch.tensor([float(total)], dtype=torch.float64)
+        dist.all_reduce(t)
+        total = t[0]
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    opt.step()
+    return float(total)
+
+
+def fold_vocab(micro: list[tuple[dict[str, Any], torch.Tensor]],
+               vocab: int) -> list[tuple[dict[str, Any], torch.Tensor]]:
+    """Fold token ids and labels modulo ``vocab`` (labels -100 stay): a cheap stand-in for
+    the full vocabulary on CPU, applied after the batches are hashed."""
+    return [({**x, "input": x["input"] % vocab}, torch.where(y >= 0, y % vocab, y))
+            for x, y in micro]
+
+
+def make_optimizer(model: torch.nn.Module, lr: float = 8e-4) -> torch.optim.Optimizer:
+    """TorchTitan's ``default_adamw`` settings, without its LR schedule."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8,
+                             weight_decay=0.1)

@@ -1,0 +1,230 @@
+"""Make TorchTitan 0.3.0 run on a CPU-only torch build (gloo), for tests and demos.
+
+TorchTitan's trainer and models assume CUDA. ``apply()`` installs the smallest
+set of runtime patches (no file is edited) that we found necessary on torch
+2.13+cpu; each patch says why it exists. Call it BEFORE importing anything
+from torchtitan (``torchtitan.tools.utils`` picks the device type at import).
+
+Launcher (the trainer, on CPU, with torchrun and gloo)::
+
+    torchrun --nproc_per_node=2 -m zephon_vl.testing.titan_cpu \\
+        --module zephon_vl.titan --config zephon_llama3_debug --training.steps 10
+
+The ``qwen3_5`` model also needs ``triton``, ``fla-core`` and
+``flash-linear-attention`` installed with ``--no-deps`` (its module imports
+them; their Triton kernels are replaced by the pure-torch references below).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
+
+import torch
+import torch._utils
+import torch.nn.functional as F
+
+_APPLIED = False
+_QWEN_APPLIED = False
+
+
+def _patch_device_type() -> None:
+    """``torchtitan.tools.utils`` computes ``device_type`` at import from
+    ``torch._utils._get_available_device_type()``, which is None on a CPU build;
+    TorchTitan then falls back to "cuda" and ``Trainer.__init__`` dies in
+    ``torch.cuda.set_device``. Report "cpu"."""
+    torch._utils._get_available_device_type = lambda: "cpu"
+
+
+def _patch_cpu_module() -> None:
+    """``DeviceMemoryMonitor`` (components/metrics.py) calls ``get_device_name``,
+    ``get_device_properties``, ``memory_stats`` ... on the device module;
+    ``torch.cpu`` has none of them. Add inert stand-ins."""
+    stubs = {
+        "get_device_name": lambda *a, **k: "cpu",
+        "get_device_properties": lambda *a, **k: types.SimpleNamespace(
+            total_memory=24 * 1024**3, name="cpu"),
+        "reset_peak_memory_stats": lambda *a, **k: None,
+        "empty_cache": lambda *a, **k: None,
+        "memory_stats": lambda *a, **k: {},
+    }
+    for name, fn in stubs.items():
+        if not hasattr(torch.cpu, name):
+            setattr(torch.cpu, name, fn)
+
+
+def dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux,
+                         kernel_options):
+    """FlexAttention has no CPU backward in torch 2.13 ("FlexAttention does not support
+    backward on CPU"). Same maths with a dense mask materialised from the BlockMask's
+    ``mask_mod`` (document-causal masks from zephon's positions), in float32."""
+    from torch.nn.attention.flex_attention import AuxOutput, create_mask
+
+    if score_mod is not None:
+        raise NotImplementedError("the dense CPU attention does not support score_mod")
+    B, Hq, Lq, D = q.shape
+    mask = create_mask(block_mask.mask_mod, B, None, Lq, k.shape[2], device=q.device)
+    if enable_gqa and k.shape[1] != Hq:
+        rep = Hq // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = D ** -0.5 if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.nan_to_num(torch.exp(scores - lse.unsqueeze(-1)), nan=0.0)
+    out = (probs @ v.float()).to(q.dtype)
+    want_lse = return_aux is not None and return_aux.lse
+    return out, AuxOutput(lse=lse if want_lse else None)
+
+
+def naive_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None):
+    """Reference gated delta rule (FLA semantics with ``use_qk_l2norm_in_kernel=True``),
+    replacing FLA's Triton kernel for qwen3_5's GatedDeltaNet layers. The state resets
+    at every ``cu_seqlens`` boundary (every packed document). Shapes: q, k ``(1,T,H,K)``,
+    v ``(1,T,H,V)``, g (log decay) and beta ``(1,T,H)``; returns ``(1,T,H,V)``."""
+    dtype = v.dtype
+    q = F.normalize(q.float(), p=2, dim=-1) * (q.shape[-1] ** -0.5)
+    k = F.normalize(k.float(), p=2, dim=-1)
+    v, g, beta = v.float(), g.float(), beta.float()
+    _, T, H, K = q.shape
+    bounds = list(cu_seqlens_host) if cu_seqlens_host is not None else [0, T]
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        S = q.new_zeros(H, K, v.shape[-1])
+        for t in range(s, e):
+            S = S * torch.exp(g[0, t]).view(H, 1, 1)
+            kt, vt, bt = k[0, t], v[0, t], beta[0, t]
+            v_new = (vt - torch.einsum("hk,hkv->hv", kt, S)) * bt.unsqueeze(-1)
+            S = S + kt.unsqueeze(-1) * v_new.unsqueeze(1)
+            outs.append(torch.einsum("hk,hkv->hv", q[0, t], S))
+    return torch.stack(outs, 0).unsqueeze(0).to(dtype)
+
+
+def _gated_delta_kernel_forward(self, xq, xk, xv, g, beta, *, cu_seqlens=None,
+                                cu_seqlens_cpu=None):
+    """``GatedDeltaKernel.forward`` on top of :func:`naive_gated_delta_rule`."""
+    if xq.shape[2] != xv.shape[2]:
+        rep = xv.shape[2] // xq.shape[2]
+        xq, xk = xq.repeat_interleave(rep, dim=2), xk.repeat_interleave(rep, dim=2)
+    if xq.shape[0] != 1:  # fixed-length path: fold the batch into time, reset per row
+        B, L = xq.shape[:2]
+
+        def fold(t):
+            return t.reshape(1, B * L, *t.shape[2:])
+
+        out = naive_gated_delta_rule(fold(xq), fold(xk), fold(xv), fold(g), fold(beta),
+                                     cu_seqlens_host=[i * L for i in range(B + 1)])
+        return out.reshape(B, L, *out.shape[2:])
+    host = cu_seqlens_cpu.tolist() if cu_seqlens_cpu is not None else None
+    return naive_gated_delta_rule(xq, xk, xv, g, beta, cu_seqlens_host=host)
+
+
+def causal_conv1d_varlen(x_btd, weight, cu_seqlens, cu_seqlens_cpu):
+    """Depthwise causal conv + SiLU with per-document resets (FLA's Triton varlen conv
+    has no CPU path). ``weight``: ``(D, 1, K)``."""
+    kw = weight.shape[-1]
+    bounds = cu_seqlens_cpu.tolist()
+    pieces = []
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        seg = F.pad(x_btd[:, s:e].transpose(1, 2), [kw - 1, 0])
+        pieces.append(F.silu(F.conv1d(seg, weight, None, groups=weight.shape[0]))
+                      .transpose(1, 2))
+    return torch.cat(pieces, dim=1)
+
+
+def stub_torchvision() -> None:
+    """``torchtitan.hf_datasets.multimodal.utils.image`` (imported by qwen3_5's config
+    registry) imports torchvision at module level; the PyPI torchvision wheels are
+    CUDA builds that fail against torch+cpu. Install empty modules, but only after
+    transformers has been imported (a stub visible to transformers breaks it)."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    for name in ("torchvision", "torchvision.io", "torchvision.transforms",
+                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional"):
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules.setdefault(name, mod)
+
+
+def apply(qwen3_5: bool = True) -> None:
+    """Install every patch (idempotent). ``qwen3_5=False`` skips the FLA kernels."""
+    global _APPLIED
+    if _APPLIED:
+        if qwen3_5:
+            _apply_qwen3_5()
+        return
+    _patch_device_type()
+    _patch_cpu_module()
+    import torchtitan.distributed.fsdp as tt_fsdp
+    import torchtitan.distributed.utils as dist_utils
+    import torchtitan.models.common.attention as attn
+    import torchtitan.models.common.vision_encoder as ve
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    # The module-level torch.compile(create_block_mask) objects would compile with
+    # inductor on CPU (slow, and fragile on 2 cores): build masks eagerly.
+    attn._compiled_create_block_mask = create_block_mask
+    ve.compiled_create_block_mask = create_block_mask
+    attn.FlexAttention.compiled_flex_attn = staticmethod(dense_flex_attention)
+
+    def set_pg_timeouts(timeout, parallel_dims):
+        """Trainer.train() calls this after step 1; the stock one does
+        ``barrier(device_ids=[torch.cpu.current_device()])`` == ['cpu'], which gloo's
+        BarrierOptions rejects with a TypeError. Same, without device_ids."""
+        torch.distributed.barrier()
+        groups = [m.get_group() for m in parallel_dims.get_all_one_dimensional_meshes().values()]
+        for group in [*groups, None]:
+            torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
+
+    dist_utils.set_pg_timeouts = set_pg_timeouts
+
+    from torch.distributed.fsdp import FSDPModule
+
+    def disable_fsdp_gradient_division(model):
+        """FSDP2 with gradient_divide_factor=1.0 reduce-scatters with
+        ``ReduceOp.PREMUL_SUM(1.0)``, which gloo rejects. Force plain SUM."""
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)
+
+    tt_fsdp.disable_fsdp_gradient_division = disable_fsdp_gradient_division
+    _APPLIED = True
+    if qwen3_5:
+        _apply_qwen3_5()
+
+
+def _apply_qwen3_5() -> None:
+    """qwen3_5's FLA Triton kernels -> the pure-torch references above."""
+    global _QWEN_APPLIED
+    if _QWEN_APPLIED:
+        return
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    try:
+        import torchtitan.models.qwen3_5.model as qm
+        import torchtitan.models.qwen3_5.vision_encoder as qve
+    except ImportError as exc:  # fla/triton missing: qwen3_5 is unusable anyway
+        warnings.warn(f"qwen3_5 CPU patches skipped ({exc!r}); install triton, fla-core and "
+                      "flash-linear-attention with --no-deps", stacklevel=2)
+        return
+    qve.compiled_create_block_mask = create_block_mask
+    qm._causal_conv1d_varlen = causal_conv1d_varlen
+    qm.GatedDeltaKernel.forward = _gated_delta_kernel_forward
+    stub_torchvision()
+    _QWEN_APPLIED = True
+
+
+def main() -> None:
+    """``python -m zephon_vl.testing.titan_cpu <torchtitan.train arguments>``."""
+    apply()
+    from torchtitan.train import main as titan_main
+
+    titan_main()
+
+
+if __name__ == "__main__":
+    main()

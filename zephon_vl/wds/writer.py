@@ -1,0 +1,147 @@
+"""Write samples into WebDataset tar shards that :mod:`zephon_vl.wds.index` can read.
+
+Shards are written with ``webdataset.ShardWriter`` and a fixed member mtime, so
+the same samples give the same bytes (checkpoint fingerprints hold shard sizes,
+and demo data must be reproducible). Each shard is written under a temporary
+name and renamed when complete, so a crash never leaves a half shard under a
+final name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
+CAPTION_EXTS = {".txt": "txt", ".json": "json"}
+_PARTIAL = ".partial"
+_MTIME = 0  # fixed member mtime: reproducible bytes (an int: a float adds a pax header per member)
+
+
+def _checked(samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Refuse keys that would not read back as the same key (WebDataset cuts at the first dot)."""
+    for sample in samples:
+        key = sample.get("__key__")
+        if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1]:
+            raise ValueError(
+                f"sample key {key!r} must be a non-empty string without '.' in its last "
+                "path part: WebDataset reads the key up to the first dot"
+            )
+        yield sample
+
+
+def write_shards(
+    samples: Iterable[dict[str, Any]],
+    out_dir: str | Path,
+    prefix: str = "shard",
+    samples_per_shard: int = 256,
+) -> list[Path]:
+    """Write `samples` to ``out_dir/<prefix>-NNNNNN.tar`` and return the shard paths.
+
+    A sample is ``{"__key__": "000001", "jpg": bytes, "txt": str, "json": dict, ...}``:
+    bytes are stored as is, ``str`` as UTF-8, other values with WebDataset's
+    encoder for the extension. Older shards with the same prefix are left alone.
+    """
+    import webdataset as wds  # heavy import, only needed when writing
+
+    if samples_per_shard < 1:
+        raise ValueError("samples_per_shard must be >= 1")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def finish(tmp_name: str) -> None:
+        final = Path(tmp_name[: -len(_PARTIAL)])
+        os.replace(tmp_name, final)
+        written.append(final)
+
+    pattern = str(out / f"{prefix}-%06d.tar{_PARTIAL}")
+    writer = wds.ShardWriter(
+        pattern,
+        maxcount=samples_per_shard,
+        maxsize=float("inf"),
+        post=finish,
+        verbose=0,
+        mtime=_MTIME,
+    )
+    total = 0
+    try:
+        for sample in _checked(samples):
+            writer.write(sample)
+            total += 1
+    finally:
+        writer.close()
+    if total == 0:  # ShardWriter opens its first shard eagerly
+        for p in written:
+            p.unlink(missing_ok=True)
+        return []
+    return written
+
+
+def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
+    """Samples of `folder`: each image with the caption files of the same name."""
+    groups: dict[Path, dict[str, Path]] = {}
+    for p in folder.rglob("*"):
+        ext = p.suffix.lower()
+        if p.is_file() and (ext in IMAGE_EXTS or ext in CAPTION_EXTS):
+            groups.setdefault(p.with_suffix(""), {})[ext] = p
+    no_caption = orphans = 0
+    seen: dict[str, Path] = {}
+    for stem in sorted(groups, key=lambda q: q.relative_to(folder).as_posix()):
+        files = groups[stem]
+        images = sorted(e for e in files if e in IMAGE_EXTS)
+        if not images:
+            orphans += 1
+            continue
+        if len(images) > 1:
+            log.warning(
+                "%s: several images share this name (%s); using %s", stem, images, images[0]
+            )
+        rel = stem.relative_to(folder).as_posix()
+        # WebDataset keys end at the first dot of the basename.
+        head, _, base = rel.rpartition("/")
+        key = (head + "/" if head else "") + base.replace(".", "_")
+        if key in seen:
+            raise ValueError(f"{stem} and {seen[key]} map to the same key {key!r}; rename one")
+        seen[key] = stem
+        sample: dict[str, Any] = {"__key__": key}
+        img = images[0]
+        sample[IMAGE_EXTS[img]] = files[img].read_bytes()
+        captions = [e for e in CAPTION_EXTS if e in files]
+        if not captions:
+            no_caption += 1
+        for e in captions:
+            sample[CAPTION_EXTS[e]] = files[e].read_bytes()
+        yield sample
+    if no_caption:
+        log.warning(
+            "%s: %d image(s) have no .txt/.json caption; kept as image-only samples "
+            "(the pipeline's missing-caption policy decides)",
+            folder,
+            no_caption,
+        )
+    if orphans:
+        log.info("%s: %d caption file(s) without an image were skipped", folder, orphans)
+
+
+def shards_from_folder(
+    folder: str | Path,
+    out_dir: str | Path,
+    samples_per_shard: int = 256,
+    prefix: str = "shard",
+) -> list[Path]:
+    """Shard a folder (searched recursively) of ``name.jpg|jpeg|png|webp`` + ``name.txt|json``.
+
+    Sorted by relative path so the shards are the same on every run. The key
+    is the relative path without extension, dots in the file name replaced by
+    ``_`` (a dot would end the WebDataset key).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    return write_shards(_folder_samples(folder), out_dir, prefix, samples_per_shard)
