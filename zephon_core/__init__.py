@@ -1,0 +1,89 @@
+"""zephon_core: the modality-free engine of zephon-vl, and its text-only Python API.
+
+Everything a user, a benchmark or an adapter needs is importable from here
+(``from zephon_core import Loader, Recipe, Execution``). Names resolve lazily,
+so importing the package is cheap and worker processes load only the modules
+their operators need. The submodules are the layers (see docs/architecture.md):
+``common`` -> ``data`` -> ``ops`` -> ``engine`` -> ``recipes``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # errors and records
+    "BadSampleError": "zephon_core.errors",
+    "CheckpointError": "zephon_core.errors",
+    "ConfigError": "zephon_core.errors",
+    "NoRowsError": "zephon_core.errors",
+    "ZephonError": "zephon_core.errors",
+    "Dropped": "zephon_core.records",
+    "Element": "zephon_core.records",
+    "Origin": "zephon_core.records",
+    "Pointer": "zephon_core.records",
+    # common
+    "batch_digest": "zephon_core.common.digest",
+    "cache_dir": "zephon_core.common.files",
+    "usable_cores": "zephon_core.common.system",
+    # data
+    "Dataset": "zephon_core.data.sources",
+    "ShuffleSettings": "zephon_core.data.sources",
+    "InMemoryReader": "zephon_core.data.readers",
+    "JsonlReader": "zephon_core.data.readers",
+    "ParquetReader": "zephon_core.data.readers",
+    "ShardReader": "zephon_core.data.readers",
+    "Read": "zephon_core.data.read",
+    # operators
+    "Accumulator": "zephon_core.ops.contract",
+    "AccumulatorOp": "zephon_core.ops.contract",
+    "Filter": "zephon_core.ops.contract",
+    "Map": "zephon_core.ops.contract",
+    "Operator": "zephon_core.ops.contract",
+    "Transform": "zephon_core.ops.contract",
+    "IGNORE_INDEX": "zephon_core.ops.pack",
+    "Pack": "zephon_core.ops.pack",
+    "Row": "zephon_core.ops.pack",
+    "Segment": "zephon_core.ops.pack",
+    "Shuffle": "zephon_core.ops.shuffle",
+    "MinTokens": "zephon_core.ops.text",
+    "Tokenize": "zephon_core.ops.text",
+    "load_tokenizer": "zephon_core.ops.text",
+    # engine
+    "Execution": "zephon_core.engine.execution",
+    "Loader": "zephon_core.engine.loader",
+    "StepMeta": "zephon_core.engine.loader",
+    "load_state": "zephon_core.engine.checkpoint",
+    "merge_states": "zephon_core.engine.checkpoint",
+    "save_state": "zephon_core.engine.checkpoint",
+    "SimulatedRanks": "zephon_core.engine.simulate",
+    "run_digests": "zephon_core.engine.simulate",
+    # recipes
+    "Recipe": "zephon_core.recipes.recipe",
+    "TextCollate": "zephon_core.recipes.recipe",
+    "builtin_names": "zephon_core.recipes.registry",
+    "load_recipe": "zephon_core.recipes.registry",
+    "register_kind": "zephon_core.recipes.registry",
+    "register_recipe": "zephon_core.recipes.registry",
+    "text_demo": "zephon_core.recipes.text",
+    "text_loader": "zephon_core.recipes.text",
+    "text_recipe": "zephon_core.recipes.text",
+    "qwen_tokenizer_dir": "zephon_core.recipes.assets",
+    "text_corpus": "zephon_core.recipes.assets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zephon_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
