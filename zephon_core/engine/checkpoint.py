@@ -13,10 +13,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zephon_core.engine.state_check import (
+    CHECKSUM_KEY,
+    LaneChecker,
+    check_checksum,
+    is_count,
+    parse_state,
+    state_checksum,
+)
 from zephon_core.errors import CheckpointError
 
 FORMAT = "zephon-checkpoint"
-VERSION = 1
+#: 2: lane snapshots name their lane, and the state carries a SHA-256 of itself
+VERSION = 2
 
 
 def fingerprint_digest(fp: dict) -> str:
@@ -24,15 +33,17 @@ def fingerprint_digest(fp: dict) -> str:
 
 
 def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int) -> dict:
-    return {
+    state = {
         "format": FORMAT,
         "version": VERSION,
         "fingerprint": fingerprint,
         "fingerprint_sha256": fingerprint_digest(fingerprint),
         "num_lanes": num_lanes,
         "step": step,
-        "lanes": {str(k): v for k, v in sorted(lanes.items())},
+        "lanes": {str(k): {**v, "lane": k} for k, v in sorted(lanes.items())},
     }
+    state[CHECKSUM_KEY] = state_checksum(state)
+    return state
 
 
 def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
@@ -61,21 +72,27 @@ def _short(v: Any) -> str:
 
 
 def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
-    """Refuse a state that is not ours, naming what is wrong and how to fix it."""
+    """Refuse a state that is not ours or is damaged, naming what is wrong and how to fix it.
+
+    Every lane is checked, not only `lanes` (the ones this rank restores), so
+    all ranks refuse a damaged state alike.
+    """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError("not a zephon checkpoint (no 'format': 'zephon-checkpoint'); "
                               "pass the dict returned by state_dict()")
     if state.get("version") != VERSION:
         raise CheckpointError(f"checkpoint version {state.get('version')!r} is not supported by "
                               f"this zephon (version {VERSION}); use the zephon that wrote it")
-    for key in ("fingerprint", "fingerprint_sha256", "num_lanes", "step", "lanes"):
+    for key in ("fingerprint", "fingerprint_sha256", "num_lanes", "step", "lanes",
+                CHECKSUM_KEY):
         if key not in state:
             raise CheckpointError(f"checkpoint is truncated or corrupt: field {key!r} is missing")
-    if not isinstance(state["step"], int) or state["step"] < 0:
+    if not is_count(state["step"]):
         raise CheckpointError(f"checkpoint is corrupt: step is {state['step']!r}, not a count")
     if not isinstance(state["lanes"], dict):
         raise CheckpointError("checkpoint is corrupt: 'lanes' is not a mapping of lane states")
-    if fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
+    if not isinstance(state["fingerprint"], dict) or \
+            fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
         raise CheckpointError("checkpoint is corrupt: its fingerprint does not match its "
                               "fingerprint_sha256 (the file was edited or damaged)")
     diff = _first_difference(state["fingerprint"], fingerprint, "fingerprint")
@@ -85,18 +102,30 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
             f"checkpoint was made with another recipe: {path} is {_short(theirs)} in the "
             f"checkpoint but {_short(ours)} here. Restore with the same setting, or start a "
             "new run")
+    if state["num_lanes"] != fingerprint["num_lanes"]:
+        raise CheckpointError(f"checkpoint is corrupt: num_lanes is {state['num_lanes']!r} but "
+                              f"its fingerprint says {fingerprint['num_lanes']}")
     missing = [lane for lane in lanes if str(lane) not in state["lanes"]]
     if missing:
         raise CheckpointError(
             f"checkpoint lacks the states of lanes {missing[:8]}: it is a rank-local state. "
             "Save the global state (state_dict() with torch.distributed initialized, or "
             "merge_states over all ranks) to resume on another rank count")
+    checker = LaneChecker(fingerprint, state["step"])
+    for key, snap in state["lanes"].items():
+        if not (key.isdigit() and int(key) < fingerprint["num_lanes"]):
+            raise CheckpointError(f"checkpoint is corrupt: it holds a state for lane {key!r} of "
+                                  f"a {fingerprint['num_lanes']}-lane run")
+        checker.check(int(key), snap)
+    check_checksum(state)
 
 
 def merge_states(states: list[dict]) -> dict:
     """One global state from the local states of all ranks (same step, same recipe)."""
     if not states:
         raise CheckpointError("merge_states needs at least one state")
+    for s in states:
+        check_checksum(s)
     first = states[0]
     lanes: dict[int, dict] = {}
     for s in states:
@@ -169,8 +198,5 @@ def save_state(state: dict, path: str | Path) -> None:
 
 
 def load_state(path: str | Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); the checkpoint file is "
-                              "truncated or corrupt") from None
+    """Read a state file; it is checked in full when a loader restores it."""
+    return parse_state(Path(path).read_bytes(), str(path))

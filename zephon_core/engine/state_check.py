@@ -1,0 +1,173 @@
+"""Refuse a damaged checkpoint before any of it is used (guarantee 9).
+
+A state is checked in three layers, each naming what it found:
+
+1. *Parsing*: a size limit and a nesting-depth limit, so a hostile or damaged
+   file fails with `CheckpointError`, never `RecursionError` or memory
+   exhaustion.
+2. *Fields*: every field of the header and of every lane snapshot has the
+   right type and range and agrees with the recipe (origins point inside the
+   data, counters are consistent with each other and with the step). This
+   names the field, which is what a user needs when a tool wrote a bad state.
+3. *Checksum*: a SHA-256 over the canonical JSON of the whole state. Any
+   edit that leaves the fields plausible (a flipped digit, lanes swapped)
+   still fails here, so a damaged state is never accepted with other batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from zephon_core.errors import CheckpointError
+
+#: far above any real state (about 7 KB per lane), far below what would exhaust memory
+MAX_STATE_BYTES = 256 << 20
+#: real states nest about 6 deep
+MAX_DEPTH = 32
+CHECKSUM_KEY = "state_sha256"
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()
+
+
+def state_checksum(state: dict) -> str:
+    """SHA-256 of the canonical JSON of the state without its own checksum field."""
+    return hashlib.sha256(canonical({k: v for k, v in state.items()
+                                     if k != CHECKSUM_KEY})).hexdigest()
+
+
+def _depth_ok(obj: Any) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return True
+
+
+def parse_state(text: str | bytes, where: str) -> dict:
+    """JSON text -> state dict, refusing what is too large, too deep or not JSON."""
+    if len(text) > MAX_STATE_BYTES:
+        raise CheckpointError(f"{where}: {len(text)} bytes is more than a zephon state can be "
+                              f"({MAX_STATE_BYTES} bytes); this is not a zephon checkpoint")
+    try:
+        state = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{where}: JSON nested deeper than a zephon state can be; the "
+                              "checkpoint file is corrupt") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{where} is not valid JSON ({exc}); the checkpoint file is "
+                              "truncated or corrupt") from None
+    if not _depth_ok(state):
+        raise CheckpointError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; the "
+                              "checkpoint file is corrupt")
+    return state
+
+
+def check_checksum(state: dict) -> None:
+    found = state.get(CHECKSUM_KEY)
+    if not isinstance(found, str):
+        raise CheckpointError(f"checkpoint is truncated or corrupt: field {CHECKSUM_KEY!r} is "
+                              "missing")
+    if found != state_checksum(state):
+        raise CheckpointError(
+            "checkpoint is corrupt: its content does not match its SHA-256 "
+            f"({CHECKSUM_KEY}); the file was damaged or edited after it was written. Restore "
+            "from an intact copy (an earlier checkpoint); never edit a state by hand")
+
+
+def is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+class LaneChecker:
+    """Field checks of one lane snapshot against the recipe's fingerprint."""
+
+    def __init__(self, fingerprint: dict, step: int) -> None:
+        self.fingerprint = fingerprint
+        self.step = step
+        self.rows_per_lane = fingerprint["global_batch_size"] // fingerprint["num_lanes"]
+        self.epochs = fingerprint.get("epochs")
+        self.shards: list[list[int | None]] = []
+        for d in fingerprint["datasets"]:
+            self.shards.append([s.get("samples", s.get("num_samples")) for s in d["shards"]])
+
+    def fail(self, lane: int, field: str, problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"lane {lane}: the checkpoint's lane state is corrupt: {field} {problem}; restore "
+            "from an intact checkpoint file")
+
+    def origin(self, lane: int, field: str, o: Any, draws: int) -> None:
+        if not (isinstance(o, list) and len(o) == 5 and all(is_count(x) for x in o)):
+            raise self.fail(lane, field, f"holds {json.dumps(o)[:80]}, not an origin "
+                            "[seq, dataset, shard, index, epoch]")
+        seq, ds, shard, index, epoch = o
+        if seq >= draws:
+            raise self.fail(lane, field, f"holds draw {seq} but the source has made {draws}")
+        if ds >= len(self.shards) or shard >= len(self.shards[ds]):
+            raise self.fail(lane, field, f"points at dataset {ds} shard {shard}, outside the data")
+        size = self.shards[ds][shard]
+        if size is not None and index >= size:
+            raise self.fail(lane, field, f"points at sample {index} of a {size}-sample shard")
+        if self.epochs is not None and epoch >= self.epochs:
+            raise self.fail(lane, field, f"is in epoch {epoch} of a {self.epochs}-epoch run")
+
+    def check(self, lane: int, snap: Any) -> None:
+        if not isinstance(snap, dict):
+            raise self.fail(lane, "the lane state", "is not a mapping")
+        want = {"source", "source_done", "rows", "pending", "accumulators", "packer", "flushed",
+                "drops", "dropped", "lane"}
+        missing = sorted(want - set(snap))
+        if missing:
+            raise self.fail(lane, f"field {missing[0]!r}", "is missing")
+        if snap["lane"] != lane:
+            raise self.fail(lane, "field 'lane'", f"says {snap['lane']!r}: the states of lanes "
+                            "were swapped or copied")
+        src = snap["source"]
+        if not (isinstance(src, dict) and is_count(src.get("draws"))
+                and isinstance(src.get("counts"), list)
+                and all(is_count(c) for c in src["counts"])):
+            raise self.fail(lane, "source", "is not {draws, counts} of non-negative integers")
+        if len(src["counts"]) != len(self.shards):
+            raise self.fail(lane, "source.counts", f"has {len(src['counts'])} entries for "
+                            f"{len(self.shards)} datasets")
+        if sum(src["counts"]) != src["draws"]:
+            raise self.fail(lane, "source", f"counts {src['counts']} do not add up to draws "
+                            f"{src['draws']}")
+        if not isinstance(snap["source_done"], bool):
+            raise self.fail(lane, "source_done", "is not true or false")
+        if snap["rows"] != self.step * self.rows_per_lane:
+            raise self.fail(lane, "rows", f"is {snap['rows']!r} at step {self.step}, where every "
+                            f"lane has given {self.step * self.rows_per_lane} rows")
+        draws = src["draws"]
+        for key in ("pending", "accumulators"):
+            if not isinstance(snap[key], dict) or not all(
+                    isinstance(k, str) and k.isdigit() for k in snap[key]):
+                raise self.fail(lane, key, "is not a mapping of stage numbers")
+        for stage, origins in snap["pending"].items():
+            if not isinstance(origins, list):
+                raise self.fail(lane, f"pending[{stage}]", "is not a list")
+            for o in origins:
+                self.origin(lane, f"pending[{stage}]", o, draws)
+        if not isinstance(snap["packer"], dict):
+            raise self.fail(lane, "packer", "is not a mapping")
+        if not (isinstance(snap["flushed"], list) and all(is_count(i) for i in snap["flushed"])):
+            raise self.fail(lane, "flushed", "is not a list of stage numbers")
+        if not isinstance(snap["drops"], list):
+            raise self.fail(lane, "drops", "is not a list")
+        for d in snap["drops"]:
+            if not (isinstance(d, list) and len(d) == 6 and isinstance(d[5], str)):
+                raise self.fail(lane, "drops", f"holds {json.dumps(d)[:80]}, not [origin..., "
+                                "reason]")
+            self.origin(lane, "drops", d[:5], draws)
+        dropped = snap["dropped"]
+        if not (isinstance(dropped, dict) and all(is_count(v) for v in dropped.values())):
+            raise self.fail(lane, "dropped", "is not a mapping of reasons to counts")
