@@ -52,7 +52,7 @@ def _load_tokenizer(path: str) -> Any:
         return FastTokenizer(Path(path))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, split_special_tokens=True)
 
 
 def _token_text(value: Any) -> str | None:
@@ -62,12 +62,19 @@ def _token_text(value: Any) -> str | None:
 
 
 class FastTokenizer:
-    """The part of a transformers tokenizer zephon uses, over `tokenizers.Tokenizer`."""
+    """The part of a transformers tokenizer zephon uses, over `tokenizers.Tokenizer`.
+
+    Text is untrusted: a caption that contains ``<|image_pad|>`` or
+    ``<|im_start|>`` is tokenized as those characters, never as the control
+    tokens (which only the operators insert, by id). That is the engine's
+    ``encode_special_tokens`` mode, transformers' ``split_special_tokens``.
+    """
 
     def __init__(self, folder: Path) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tok.encode_special_tokens = True
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.bos_token_id = self._id(config.get("bos_token"))
