@@ -1,1 +1,2 @@
-"""Where samples come from: shard readers, the work source (pointers per lane, no I/O) and `Read`."""
+"""Where samples come from: shard readers, the work source (pointers per lane, no I/O),
+`Read`."""

@@ -1,1 +1,2 @@
-"""Operators: the Transform/Accumulator contract, and the built-in shuffle, pack and text operators."""
+"""Operators: the Transform/Accumulator contract, and the built-in shuffle, pack and text
+operators."""
