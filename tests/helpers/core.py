@@ -57,9 +57,19 @@ def keep(payload: dict) -> bool:
 
 
 def fail_on_id_7(payload: dict) -> dict:
-    """A buggy map (not a BadSampleError): raises on the document with id 7."""
+    """A buggy map (an engine fault, not bad content): raises RuntimeError on document 7."""
     if int(payload["id"]) == 7:
-        raise ValueError("synthetic bug on doc 7")
+        raise RuntimeError("synthetic bug on doc 7")
+    return to_tokens(payload)
+
+
+def malformed_content(payload: dict) -> dict:
+    """Content errors a real operator meets: a field of the wrong type, a missing key."""
+    doc = int(payload["id"])
+    if doc % 9 == 4:
+        return to_tokens({**payload, "n": {"not": "a number"}})  # TypeError in int()
+    if doc % 9 == 6:
+        return to_tokens({"id": doc})  # KeyError: 'n'
     return to_tokens(payload)
 
 

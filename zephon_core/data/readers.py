@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core.common.jsontext import loads_sample
+from zephon_core.errors import ConfigError
 
 
 @runtime_checkable
@@ -111,12 +112,8 @@ class JsonlReader:
         with open(self.paths[shard], "rb") as f:
             f.seek(start)
             line = f.read(length)
-        try:
-            return json.loads(line)
-        except ValueError as exc:
-            raise BadSampleError(
-                "corrupt_json", f"{self.paths[shard].name} record {index}", str(exc)
-            ) from None
+        return loads_sample(line, f"{self.paths[shard].name} record {index}",
+                            reason="corrupt_json")
 
 
 class ParquetReader:

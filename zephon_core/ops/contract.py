@@ -35,9 +35,10 @@ class Operator(ABC):
 class Transform(Operator):
     """Stateless per-element work, run by a runner (inline, threads or processes).
 
-    `on_error` decides what a `BadSampleError` does: ``raise`` stops the
-    pipeline with the sample's location; ``drop`` records the element as
-    dropped with the error's reason. Any other exception is a bug and raises.
+    `on_error` decides what a bad sample does: ``raise`` stops the pipeline
+    with the sample's location; ``drop`` records the element as dropped with
+    the error's reason (``bad_content`` for one of `CONTENT_ERRORS`). Other
+    exceptions (I/O, memory, configuration) stop the run.
     """
 
     on_error: str = "raise"
@@ -128,8 +129,9 @@ def check_on_error(value: str) -> str:
 class StageFn:
     """Consecutive transforms fused into one call, as a worker runs them.
 
-    A `BadSampleError` under the ``drop`` policy is isolated by re-running the
-    group element by element, so the result does not depend on the grouping.
+    A bad sample (a `BadSampleError`, or one of `CONTENT_ERRORS` raised on a
+    sample's content) is isolated by re-running the group element by element,
+    so the result does not depend on the grouping.
     """
 
     transforms: list[Transform]
@@ -150,23 +152,43 @@ class StageFn:
         return outputs
 
 
+#: What a transform raises when a sample's own content is malformed (a caption that is a
+#: number, JSON nested absurdly deep, a bad field type): a bad sample, not an engine fault.
+#: I/O errors (OSError) and MemoryError are not here: they come from the environment, so
+#: turning them into drops would make two runs differ.
+CONTENT_ERRORS = (ArithmeticError, AssertionError, AttributeError, LookupError, RecursionError,
+                  TypeError, ValueError)
+
+
 def _run_one(t: Transform, batch: list[Element]) -> list[Any]:
+    """Run `t` on a group; a bad sample is found by re-running the group one element at a time.
+
+    So a drop or an error names the culprit, and whether a sample is dropped
+    never depends on which other samples shared its group.
+    """
     try:
         out = t.process_many(batch)
-    except BadSampleError as exc:
-        if len(batch) == 1:
-            if t.on_error == "drop":
-                return [Dropped(exc.reason, exc.detail or exc.where)]
-            raise _located(exc, batch[0], t) from None
-        return [o for e in batch for o in _run_one(t, [e])]
+    except (BadSampleError, *CONTENT_ERRORS) as exc:
+        if len(batch) > 1:
+            return [o for e in batch for o in _run_one(t, [e])]
+        bad = exc if isinstance(exc, BadSampleError) else _content_error(exc, batch[0])
+        if t.on_error == "drop":
+            return [Dropped(bad.reason, bad.detail or bad.where)]
+        raise _located(bad, batch[0], t) from (None if bad is exc else exc)
     if len(out) != len(batch):
         raise RuntimeError(f"operator {t.name} returned {len(out)} outputs for {len(batch)} inputs")
     return out
 
 
+def _content_error(exc: BaseException, element: Element) -> BadSampleError:
+    text = f"{type(exc).__name__}: {exc}"
+    where = element.origin.where() if element.origin is not None else "?"
+    return BadSampleError("bad_content", where, text if len(text) <= 200 else text[:197] + "...")
+
+
 def _located(exc: BadSampleError, element: Element, t: Transform) -> BadSampleError:
     where = exc.where
-    if element.origin is not None:
+    if element.origin is not None and element.origin.where() not in where:
         where = f"{where} [{element.origin.where()}]"
     return BadSampleError(
         exc.reason, where,
