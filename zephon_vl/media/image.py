@@ -33,7 +33,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from PIL import Image, ImageFile
+from PIL import Image, ImageFile, ImageOps
 
 from zephon_core.errors import BadSampleError, ConfigError
 
@@ -124,6 +124,9 @@ class ImageSettings:
     #: Refuse images whose header claims more pixels, before decoding them.
     max_image_pixels: int = 64_000_000
     resample: str = "bicubic"
+    #: Turn the image upright by its EXIF orientation first, as cameras record it and as
+    #: transformers' ``load_image`` does; the patch grid then follows the upright size.
+    exif_transpose: bool = True
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"):
@@ -298,15 +301,40 @@ def finish_patches(frames: np.ndarray, settings: ImageSettings,
     return VisionPatches(pixel_values=rows, grid_thw=grid)
 
 
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
-    """RGB, compositing transparency on white (as transformers does)."""
+    """RGB, compositing transparency on white (as transformers does).
+
+    16-bit greyscale (PIL modes ``I;16`` and ``I``) is scaled to 8 bits; PIL's
+    own conversion clips it, which turns most of such a picture white.
+    """
     if img.mode == "RGB":
         return img
+    if img.mode in _SIXTEEN_BIT:
+        wide = np.asarray(img, dtype=np.uint32)
+        return Image.fromarray(((np.minimum(wide, 65535) + 128) // 257).astype(np.uint8),
+                               "L").convert("RGB")
     if "A" in img.getbands() or img.info.get("transparency") is not None:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", img.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     return img.convert("RGB")
+
+
+#: EXIF orientations that swap width and height (transpose, 90 and 270 degree turns)
+_SWAPS_SIDES = (5, 6, 7, 8)
+
+
+def _orientation(img: Image.Image, settings: ImageSettings) -> int:
+    if not settings.exif_transpose:
+        return 1
+    try:
+        value = img.getexif().get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - a damaged EXIF block is no orientation
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def target_size(
@@ -397,12 +425,17 @@ def process_image(data: bytes, settings: ImageSettings, where: str = "?",
     """
     warn_if_not_simd()
     img = _open(data, settings, where)
+    orientation = _orientation(img, settings)
     w, h = img.size
+    if orientation in _SWAPS_SIDES:
+        w, h = h, w
     th, tw = target_size(h, w, settings, where)
     try:
         if settings.draft and img.format in ("JPEG", "MPO") and 2 * tw <= w and 2 * th <= h:
-            img.draft("RGB", (tw, th))
+            img.draft("RGB", (th, tw) if orientation in _SWAPS_SIDES else (tw, th))
         img.load()  # force the lazy decode here so truncation surfaces now
+        if orientation != 1:
+            img = ImageOps.exif_transpose(img)
         rgb = to_rgb(img)
     except MemoryError:
         raise
