@@ -45,6 +45,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
 
     `on_error` is the bad-input policy (drop or raise).
     """
+    family = vision_family(family)
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
     weights = dict(weights or {})
     if set(weights) - set(named):
@@ -52,7 +53,6 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     image = image or ImageSettings()
     datasets = [Dataset(n, WebDatasetReader(list(s), cache_dir=index_cache),
                         float(weights.get(n, 1.0))) for n, s in named.items()]
-    family = vision_family(family)
     special = family.special_tokens(load_tokenizer(tokenizer))
     limits = {}
     if max_vision_tokens is not None:
