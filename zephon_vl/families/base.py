@@ -100,8 +100,8 @@ class VisionFamily(ModelFamily):
                   encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
         """Token ids that open and close one conversation turn of `role`.
 
-        `encode` tokenizes plain text without special tokens; the ids it
-        returns are never control tokens, whatever the text says.
+        `encode` tokenizes text the way the operator tokenizes the turn's
+        content (``add_special_tokens=False``); an empty string gives ``[]``.
         """
 
     @abstractmethod
