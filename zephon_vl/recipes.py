@@ -3,6 +3,9 @@
 Operators, per lane: shuffle pointers -> read tar members ->
 decode + resize + patchify (processes) -> tokenize with vision tokens
 (processes) -> pack with limits on vision tokens and images per row.
+The recipe's model family (:mod:`zephon_vl.families`) decides the special
+tokens, the placeholder layout and the collate; a ``kind = "vlm"`` recipe
+file names it with ``family = "..."`` (default ``qwen3_5``).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from zephon_core.ops.text import load_tokenizer
 from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_core.recipes.recipe import Recipe
 from zephon_core.recipes.registry import register_kind, register_recipe
+from zephon_vl.families.base import VisionFamily
+from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
-from zephon_vl.ops.collate import VLCollate
-from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal, VisionTokens
+from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 from zephon_vl.wds.index import WebDatasetReader
 
 
@@ -36,8 +40,12 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
                epochs: int | None = None, index_cache: str | None = None,
-               name: str = "vlm") -> Recipe:
-    """A VLM recipe over WebDataset shards; `on_error` is the bad-input policy (drop or raise)."""
+               name: str = "vlm", family: str | VisionFamily = "qwen3_5") -> Recipe:
+    """A VLM recipe over WebDataset shards for a model `family` (a registered name or object).
+
+    `on_error` is the bad-input policy (drop or raise).
+    """
+    family = vision_family(family)
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
     weights = dict(weights or {})
     if set(weights) - set(named):
@@ -45,7 +53,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     image = image or ImageSettings()
     datasets = [Dataset(n, WebDatasetReader(list(s), cache_dir=index_cache),
                         float(weights.get(n, 1.0))) for n, s in named.items()]
-    special = VisionTokens.from_tokenizer(load_tokenizer(tokenizer))
+    special = family.special_tokens(load_tokenizer(tokenizer))
     limits = {}
     if max_vision_tokens is not None:
         limits["vision_tokens"] = max_vision_tokens
@@ -57,13 +65,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
         DecodeVision(image, video, on_error=on_error),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
                            overlong="truncate" if overlong == "truncate" else "drop",
-                           on_error=on_error),
+                           on_error=on_error, family=family),
         Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
              limits=limits, pad_id=special.pad),
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
-                  collate=VLCollate(seq_len, image, special))
+                  collate=family.collate(seq_len, image, special))
 
 
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,

@@ -31,9 +31,9 @@ from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Origin
 from zephon_vl.demo.data import build_demo_dataset
+from zephon_vl.families.qwen import QwenTokens, QwenVL
 from zephon_vl.media.image import ImageSettings, normalize_patches, process_image
 from zephon_vl.media.video import VideoSettings, process_video
-from zephon_vl.ops.multimodal import VisionTokens
 from zephon_vl.recipes import vlm_recipe
 
 SEQ_LEN = 1024
@@ -78,8 +78,8 @@ def tokenizer() -> Any:
 
 
 @functools.cache
-def special() -> VisionTokens:
-    return VisionTokens.from_tokenizer(tokenizer())
+def special() -> QwenTokens:
+    return QwenVL().special_tokens(tokenizer())
 
 
 def text_ids(s: str) -> list[int]:

@@ -13,10 +13,10 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 import transformers  # noqa: E402,F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
 
 from zephon_core.errors import ConfigError  # noqa: E402
+from zephon_vl.families.qwen import mrope_positions, to_qwen3_5  # noqa: E402
 from zephon_vl.media.image import ImageSettings, patchify  # noqa: E402
 from zephon_vl.testing.titan_cpu import stub_torchvision  # noqa: E402
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
-from zephon_vl.titan.qwen import mrope_positions, to_qwen3_5  # noqa: E402
 
 stub_torchvision()
 from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator  # noqa: E402
@@ -52,7 +52,8 @@ def test_patch_layout_is_torchtitans_block_order():
 def test_batch_shapes_and_special_tokens(vlm_batches):
     dl, raw = vlm_batches
     for batch in raw:
-        out = to_qwen3_5({k: v for k, v in batch.items() if k != "labels"}, dl.pad_id)
+        out = to_qwen3_5({k: v for k, v in batch.items() if k != "labels"},
+                         dl.recipe.collate.special.pad)
         grid = batch["grid_thw"]
         n, longest, width = out["pixel_values"].shape
         assert n == grid.shape[0] and width == 3 * 2 * 16 * 16 and longest % 4 == 0

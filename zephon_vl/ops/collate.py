@@ -4,30 +4,41 @@
 positions; padding has label -100). ``pixel_values``: every image and video of
 the batch as patch rows, concatenated in row order and, inside a row, in
 token order, float32 ``[patches, 3*T*P*P]``. ``grid_thw``: int64
-``[images, 3]`` in the same order. The special token ids ride along as 0-d
-int64 tensors so a model never has to guess them.
+``[images, 3]`` in the same order. The model family's special token ids ride
+along as 0-d int64 tensors (``VisionFamily.batch_token_ids``) so a model never
+has to guess them.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from zephon_core.ops.pack import Row, text_row_arrays
 from zephon_vl.media.image import ImageSettings, patch_rows
-from zephon_vl.ops.multimodal import VisionTokens
+
+if TYPE_CHECKING:
+    from zephon_vl.families.base import VisionFamily
 
 
 class VLCollate:
-    def __init__(self, seq_len: int, image: ImageSettings, special: VisionTokens) -> None:
+    """The collate of `family`'s recipes; `special`: the family's ids in the recipe's tokenizer."""
+
+    def __init__(self, seq_len: int, image: ImageSettings, special: Any,
+                 family: VisionFamily) -> None:
         self.seq_len = seq_len
         self.image = image
         self.special = special
+        self.family = family
         self.row_width = 3 * image.temporal_patch_size * image.patch_size ** 2
+        self._token_ids = family.batch_token_ids(special)
 
     def settings(self) -> dict:
-        return {"type": "vl", "seq_len": self.seq_len, "normalize": self.image.normalize,
-                "special": self.special.__dict__}
+        return {"type": "vl", "family": self.family.name, "seq_len": self.seq_len,
+                "normalize": self.image.normalize, "special": asdict(self.special)}
 
     def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
         arrays = [text_row_arrays(r, self.seq_len, self.special.pad) for r in rows]
@@ -42,9 +53,6 @@ class VLCollate:
             thw = np.zeros((0, 3), dtype=np.int64)
         out["pixel_values"] = torch.from_numpy(pv)
         out["grid_thw"] = torch.from_numpy(thw)
-        for name, value in (("image_token_id", self.special.image_pad),
-                            ("video_token_id", self.special.video_pad),
-                            ("vision_start_token_id", self.special.vision_start),
-                            ("vision_end_token_id", self.special.vision_end)):
+        for name, value in self._token_ids.items():
             out[name] = torch.tensor(value, dtype=torch.int64)
         return out

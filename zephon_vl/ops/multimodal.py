@@ -2,10 +2,11 @@
 
 `DecodeVision` turns a WebDataset sample (member bytes) into a *document*:
 its kind, its text parts and its images as patch rows. `TokenizeMultimodal`
-turns the document into tokens where each image becomes
-``<|vision_start|> + N x <|image_pad|> + <|vision_end|>`` (``<|video_pad|>``
-for videos), `N` being exactly that image's number of merged patches, and
-marks which tokens are prediction targets (captions, assistant turns,
+turns the document into tokens where each image becomes its model family's
+placeholder run (for Qwen, ``<|vision_start|> + N x <|image_pad|> +
+<|vision_end|>``, `N` being exactly that image's number of merged patches;
+see :mod:`zephon_vl.families`), frames conversation turns the family's way,
+and marks which tokens are prediction targets (captions, assistant turns,
 interleaved text; never vision tokens or user prompts).
 
 Both are pure functions of their input, so they run in process pools with
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,8 @@ from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.ops.contract import Transform, check_on_error
 from zephon_core.ops.text import TokenizerTransform
 from zephon_core.records import Element
+from zephon_vl.families.base import VisionFamily
+from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, process_video
 
@@ -115,32 +117,6 @@ class DecodeVision(Transform):
         return {**base, "kind": "caption", "text": caption, "vision": [img], "video": [False]}
 
 
-@dataclass(frozen=True)
-class VisionTokens:
-    """Ids of the special tokens that frame vision inputs."""
-
-    vision_start: int
-    vision_end: int
-    image_pad: int
-    video_pad: int
-    im_start: int
-    im_end: int
-    eos: int
-    pad: int
-
-    @classmethod
-    def from_tokenizer(cls, tok: Any) -> VisionTokens:
-        ids = tok.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                                         "<|video_pad|>", "<|im_start|>", "<|im_end|>"])
-        if any(i is None or i == tok.unk_token_id for i in ids):
-            raise ConfigError("the tokenizer lacks the vision special tokens (<|vision_start|>, "
-                              "<|image_pad|>, ...); use the bundled Qwen tokenizer "
-                              "(`zephon-vl tokenizer`) or add them")
-        eos = tok.eos_token_id if tok.eos_token_id is not None else ids[5]
-        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-        return cls(*ids, eos, pad)
-
-
 class TokenizeMultimodal(TokenizerTransform):
     """Document -> tokens, targets and vision costs; truncates only at text boundaries.
 
@@ -152,7 +128,8 @@ class TokenizeMultimodal(TokenizerTransform):
     default_runner = "processes"
 
     def __init__(self, tokenizer_path: str | os.PathLike, merge_size: int, max_tokens: int,
-                 overlong: str = "drop", name: str = "tokenize", on_error: str = "drop") -> None:
+                 overlong: str = "drop", name: str = "tokenize", on_error: str = "drop",
+                 family: str | VisionFamily = "qwen3_5") -> None:
         if overlong not in ("drop", "truncate"):
             raise ConfigError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
         super().__init__(tokenizer_path)
@@ -161,16 +138,18 @@ class TokenizeMultimodal(TokenizerTransform):
         self.overlong = overlong
         self.name = name
         self.on_error = check_on_error(on_error)
-        self._ids: VisionTokens | None = None
+        self.family = vision_family(family)
+        self._ids: Any = None
 
     def settings(self) -> dict:
         return {"tokenizer": self._identity, "merge_size": self.merge_size,
-                "max_tokens": self.max_tokens, "overlong": self.overlong}
+                "max_tokens": self.max_tokens, "overlong": self.overlong,
+                "family": self.family.name}
 
     def setup(self) -> None:
         if self._ids is None:
             super().setup()
-            self._ids = VisionTokens.from_tokenizer(self._tok)
+            self._ids = self.family.special_tokens(self._tok)
 
     def _text(self, s: str) -> list[int]:
         return self._tok(s, add_special_tokens=False)["input_ids"] if s else []
@@ -198,14 +177,15 @@ class TokenizeMultimodal(TokenizerTransform):
         for turn in doc["turns"]:
             role = turn.get("role", "user")
             content = str(turn.get("content", ""))
-            out.append(("text", [ids.im_start] + self._text(f"{role}\n"), False))
+            opening, closing = self.family.chat_turn(ids, role, self._text)
+            out.append(("text", opening, False))
             chunks = content.split(IMAGE_PLACEHOLDER)
             for j, chunk in enumerate(chunks):
                 if j > 0:
                     out.append(("vision", images, False))
                     images += 1
                 out.append(("text", self._text(chunk), role == "assistant"))
-            out.append(("text", [ids.im_end] + self._text("\n"), role == "assistant"))
+            out.append(("text", closing, role == "assistant"))
         if images != len(doc["vision"]):
             raise BadSampleError("bad_json", f"{doc.get('shard')}:{doc.get('key')}",
                                  f"{images} <image> placeholders for {len(doc['vision'])} images")
@@ -221,10 +201,8 @@ class TokenizeMultimodal(TokenizerTransform):
         pieces = self._pieces(doc) + [("text", [ids.eos], True)]
         for kind, value, is_target in pieces:
             if kind == "vision":
-                v = vision[value]
-                pad = ids.video_pad if doc["video"][value] else ids.image_pad
-                n = v.num_tokens(self.merge_size)
-                t = np.concatenate([[ids.vision_start], np.full(n, pad), [ids.vision_end]])
+                t = self.family.placeholder(ids, vision[value], self.merge_size,
+                                            doc["video"][value])
                 if self.overlong == "truncate" and total + len(t) > self.max_tokens:
                     break
                 used.append(value)

@@ -2,9 +2,10 @@
 
 * :mod:`zephon_vl.titan.dataloader`: ``ZephonDataLoader`` (a ``BaseDataLoader``)
   and its ``Config``, built by TorchTitan's trainer.
-* :mod:`zephon_vl.titan.qwen`: the conversion of zephon's VLM batch to the
-  ``qwen3_5`` model's forward arguments (padded patches, MRoPE positions,
-  the ``special_tokens`` dict).
+* The model's forward arguments come from the model family that
+  ``model_format`` names (:mod:`zephon_vl.families`; ``qwen3_5``: padded
+  patches, MRoPE positions, the ``special_tokens`` dict, in
+  :mod:`zephon_vl.families.qwen`).
 * :mod:`zephon_vl.titan.config_registry`: ready configurations for
   ``--module zephon_vl.titan --config zephon_llama3_debug`` / ``zephon_qwen35_debug``.
 * :mod:`zephon_vl.testing.titan_cpu`: the patches that make TorchTitan 0.3.0 run on a

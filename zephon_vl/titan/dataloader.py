@@ -43,13 +43,14 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.recipes.registry import load_recipe
+from zephon_vl.families.base import TitanOptions
+from zephon_vl.families.registry import family_names, get_family, vision_family
 
 log = logging.getLogger(__name__)
 
 STATE_KEY = "zephon_state"
 STATE_FORMAT = "zephon-titan-dataloader"
 STATE_VERSION = 1
-MODEL_FORMATS = ("text", "qwen3_5")
 
 
 def parse_workers(spec: str) -> dict[str, int]:
@@ -72,30 +73,11 @@ def _register_vl_recipes() -> None:
 
 
 def preset_image_settings(name: str, max_pixels: int) -> Any:
-    """The ImageSettings a model family expects."""
-    from zephon_vl.media.image import ImageSettings
-
-    if name != "qwen3_5":
-        raise ConfigError(f"zephon dataloader: unknown image_preset {name!r}; known: qwen3_5")
-    return ImageSettings(patch_size=16, merge_size=2, temporal_patch_size=2,
-                         image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
-                         max_pixels=max_pixels)
-
-
-def check_qwen3_5_image(image: Any) -> None:
-    """Refuse a recipe whose patches the qwen3_5 vision encoder cannot take."""
-    want = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
-    got = {k: getattr(image, k) for k in want}
-    if got != want:
-        raise ConfigError(
-            f"zephon dataloader: model_format='qwen3_5' needs image settings {want} "
-            f"(the qwen3_5 vision encoder's Conv3d and merger), the recipe has {got}. Set "
-            "--dataloader.image_preset qwen3_5 for a built-in recipe, or fix the [image] "
-            "table of the recipe file")
-    if tuple(image.image_mean) != (0.5, 0.5, 0.5) or tuple(image.image_std) != (0.5, 0.5, 0.5):
-        log.warning("zephon dataloader: qwen3_5 models are trained with image mean/std 0.5; "
-                    "the recipe normalizes with mean %s std %s", image.image_mean,
-                    image.image_std)
+    """The ImageSettings of the vision-language family `name` (``image_preset``)."""
+    try:
+        return vision_family(name).image_settings(max_pixels)
+    except ConfigError as exc:
+        raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc}") from None
 
 
 def check_geometry(num_lanes: int, global_batch_size: int, dp_world_size: int,
@@ -147,20 +129,22 @@ class ZephonDataLoader(BaseDataLoader):
         """TorchTitan's validator sets this. False = one pass (the recipe's ``epochs=1``)."""
 
         model_format: str = "text"
-        """``text``: input/positions. ``qwen3_5``: plus padded pixel_values, grid_thw,
-        mrope_positions and the special_tokens dict (VLM recipes only)."""
+        """A registered model family (``zephon_vl.families``). ``text``: input/positions.
+        ``qwen3_5``: plus padded pixel_values, grid_thw, mrope_positions and the
+        special_tokens dict (VLM recipes of that family only)."""
 
         video_mode: str = "merge"
         """qwen3_5 only: ``merge`` (one vision-encoder call per micro-step; FSDP-safe) or
-        ``split`` (videos in pixel_values_videos); see zephon_vl.titan.qwen."""
+        ``split`` (videos in pixel_values_videos); see zephon_vl.families.qwen."""
 
         mrope: bool = True
         """qwen3_5 only: compute ``mrope_positions`` (the model does not)."""
 
         image_preset: str = ""
-        """Built-in VLM recipes only: ``qwen3_5`` = Qwen3.5's vision settings (patch 16,
-        temporal patch 2, merge 2, mean/std 0.5, at most ``max_pixels`` pixels). Empty =
-        the recipe's own. A TOML recipe sets them in its ``[image]`` table."""
+        """Built-in VLM recipes only: a vision-language family's image settings, e.g.
+        ``qwen3_5`` = Qwen3.5's (patch 16, temporal patch 2, merge 2, mean/std 0.5, at most
+        ``max_pixels`` pixels). Empty = the recipe's own. A TOML recipe sets them in its
+        ``[image]`` table."""
 
         max_pixels: int = 128 * 32 * 32
         """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
@@ -194,9 +178,12 @@ class ZephonDataLoader(BaseDataLoader):
         # taken at every step boundary at no cost.
         del tokenizer, kwargs
         self.config = config
-        if config.model_format not in MODEL_FORMATS:
-            raise ConfigError(f"zephon dataloader: model_format must be one of {MODEL_FORMATS}, "
-                              f"got {config.model_format!r}")
+        if config.model_format not in family_names():
+            raise ConfigError(f"zephon dataloader: model_format must be a registered model "
+                              f"family ({', '.join(family_names())}), got "
+                              f"{config.model_format!r}")
+        self.family = get_family(config.model_format)
+        self.titan_options = TitanOptions(video_mode=config.video_mode, mrope=config.mrope)
         if config.video_mode not in ("merge", "split"):
             raise ConfigError(f"zephon dataloader: video_mode must be 'merge' or 'split', got "
                               f"{config.video_mode!r}")
@@ -218,15 +205,11 @@ class ZephonDataLoader(BaseDataLoader):
             raise ConfigError(f"recipe {config.recipe!r} ignored seq_len/global_batch_size "
                               f"overrides (got S={self.recipe.seq_len}, "
                               f"G={self.recipe.global_batch_size})")
-        collate = self.recipe.collate
-        self.is_vlm = hasattr(collate, "special")
-        if config.model_format == "qwen3_5":
-            if not self.is_vlm:
-                raise ConfigError(f"zephon dataloader: model_format='qwen3_5' needs a VLM recipe; "
-                                  f"{config.recipe!r} is text-only (use model_format='text')")
-            check_qwen3_5_image(collate.image)
-            self.merge_size = collate.image.merge_size
-            self.pad_id = collate.special.pad
+        try:
+            self.family.check_recipe(self.recipe)
+        except ConfigError as exc:
+            raise ConfigError(f"zephon dataloader: model_format={config.model_format!r}, "
+                              f"recipe {config.recipe!r}: {exc}") from None
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
                                    default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch or None,
@@ -250,19 +233,13 @@ class ZephonDataLoader(BaseDataLoader):
 
     def convert(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
         """One collated zephon micro-batch -> TorchTitan's ``(input_dict, labels)``."""
-        labels = batch["labels"]
-        if self.config.model_format == "text":
-            return {"input": batch["input"], "positions": batch["positions"]}, labels
-        from zephon_vl.titan.qwen import to_qwen3_5
-
-        out = to_qwen3_5(batch, self.pad_id, self.merge_size, self.config.video_mode,
-                         self.config.mrope)
-        if "pixel_values" not in out and not self._warned_no_vision:
+        out = self.family.titan_inputs(batch, self.recipe.collate, self.titan_options)
+        if self.family.vision and "pixel_values" not in out and not self._warned_no_vision:
             self._warned_no_vision = True
             log.warning("zephon dataloader: rank %d got a micro-batch without images; with "
                         "FSDP every rank must call the vision encoder the same number of times "
                         "per micro-step (see docs/torchtitan.md)", self.dp_rank)
-        return out, labels
+        return out, batch["labels"]
 
     # --- checkpoint ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

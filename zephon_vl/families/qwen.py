@@ -1,8 +1,24 @@
-"""zephon's collated VLM batch -> the forward arguments of TorchTitan's ``qwen3_5`` model.
+"""The Qwen-VL family: Qwen2-VL's tokens and layout, converted for TorchTitan's ``qwen3_5``.
 
-zephon's ``VLCollate`` gives every image and video of a batch as one flat
-``pixel_values [patches, 3*T*P*P]`` plus ``grid_thw [items, 3]``, in row order
-and, inside a row, in token order. TorchTitan's ``Qwen35Model.forward`` takes
+Qwen2-VL, Qwen2.5-VL and Qwen3.5 share the data conventions this module holds:
+
+* **Placeholders.** An image is ``<|vision_start|> + N x <|image_pad|> +
+  <|vision_end|>`` (``<|video_pad|>`` for a video), ``N`` being its number of
+  merged patches (``t * h * w / merge_size**2`` of its grid).
+* **Turns** are ChatML: ``<|im_start|>role\\n ... <|im_end|>\\n``.
+* **Resize** is ``smart_resize`` (:mod:`zephon_vl.media.image`, which the
+  decode operators call with the recipe's ``ImageSettings``): sides are
+  multiples of ``patch_size * merge_size``, the area within the settings'
+  pixel budget. ``ImageSettings()``'s defaults are Qwen2-VL's (patch 14,
+  CLIP mean/std); :meth:`QwenVL.image_settings` is Qwen3.5's preset.
+* **Batch ids.** Every batch carries ``image_token_id``, ``video_token_id``,
+  ``vision_start_token_id``, ``vision_end_token_id`` (:data:`SPECIAL_KEYS`).
+
+The family is registered as ``qwen3_5``, TorchTitan's name for the model its
+conversion targets (:func:`to_qwen3_5`). zephon's ``VLCollate`` gives every
+image and video of a batch as one flat ``pixel_values [patches, 3*T*P*P]``
+plus ``grid_thw [items, 3]``, in row order and, inside a row, in token order.
+TorchTitan's ``Qwen35Model.forward`` takes
 
 * ``pixel_values``: ``[items, max_patches, 3*T*P*P]``, zero-padded per item
   (``max_patches`` rounded up to a multiple of ``merge_size**2``);
@@ -15,7 +31,7 @@ and, inside a row, in token order. TorchTitan's ``Qwen35Model.forward`` takes
 
 The patch-element order of zephon's rows, ``(t, block_h, block_w, m_h, m_w)``
 rows of ``(C, T, P, P)`` values, is TorchTitan's ``patch_order="block"`` and
-transformers' Qwen2-VL order (checked in ``tests/test_titan_dataloader.py``).
+transformers' Qwen2-VL order (checked in ``tests/titan/test_titan_qwen.py``).
 
 Videos (``video_mode``):
 
@@ -35,9 +51,105 @@ Videos (``video_mode``):
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+
+from zephon_core.errors import ConfigError
+from zephon_vl.families.base import TitanOptions, VisionFamily
+
+if TYPE_CHECKING:
+    from zephon_core.recipes.recipe import Recipe
+    from zephon_vl.media.image import ImageSettings, VisionPatches
+
+log = logging.getLogger(__name__)
+
+#: Qwen3.5's vision encoder: its Conv3d patch and merger geometry, and its mean/std.
+QWEN3_5_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+QWEN3_5_MEAN_STD = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class QwenTokens:
+    """Ids of the special tokens that frame vision inputs and chat turns."""
+
+    vision_start: int
+    vision_end: int
+    image_pad: int
+    video_pad: int
+    im_start: int
+    im_end: int
+    eos: int
+    pad: int
+
+    @classmethod
+    def from_tokenizer(cls, tok: Any) -> QwenTokens:
+        ids = tok.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                                         "<|video_pad|>", "<|im_start|>", "<|im_end|>"])
+        if any(i is None or i == tok.unk_token_id for i in ids):
+            raise ConfigError("the tokenizer lacks the vision special tokens (<|vision_start|>, "
+                              "<|image_pad|>, ...); use the bundled Qwen tokenizer "
+                              "(`zephon-vl tokenizer`) or add them")
+        eos = tok.eos_token_id if tok.eos_token_id is not None else ids[5]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+        return cls(*ids, eos, pad)
+
+
+class QwenVL(VisionFamily):
+    """Qwen2-VL's data conventions; TorchTitan's ``qwen3_5`` forward arguments."""
+
+    name = "qwen3_5"
+
+    def special_tokens(self, tokenizer: Any) -> QwenTokens:
+        return QwenTokens.from_tokenizer(tokenizer)
+
+    def placeholder(self, special: QwenTokens, patches: VisionPatches, merge_size: int,
+                    video: bool) -> np.ndarray:
+        pad = special.video_pad if video else special.image_pad
+        n = patches.num_tokens(merge_size)
+        return np.concatenate([[special.vision_start], np.full(n, pad), [special.vision_end]])
+
+    def chat_turn(self, special: QwenTokens, role: str,
+                  encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
+        return [special.im_start] + encode(f"{role}\n"), [special.im_end] + encode("\n")
+
+    def batch_token_ids(self, special: QwenTokens) -> dict[str, int]:
+        values = (special.image_pad, special.video_pad, special.vision_start,
+                  special.vision_end)
+        return dict(zip(SPECIAL_KEYS, values, strict=True))
+
+    def image_settings(self, max_pixels: int) -> ImageSettings:
+        """Qwen3.5's vision settings, at most `max_pixels` pixels an image."""
+        from zephon_vl.media.image import ImageSettings
+
+        return ImageSettings(**QWEN3_5_PATCHES, image_mean=QWEN3_5_MEAN_STD,
+                             image_std=QWEN3_5_MEAN_STD, max_pixels=max_pixels)
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """A recipe of this family whose patches the qwen3_5 vision encoder can take."""
+        super().check_recipe(recipe)
+        image = recipe.collate.image
+        got = {k: getattr(image, k) for k in QWEN3_5_PATCHES}
+        if got != QWEN3_5_PATCHES:
+            raise ConfigError(
+                f"the qwen3_5 vision encoder (its Conv3d and merger) needs image settings "
+                f"{QWEN3_5_PATCHES}, the recipe has {got}. Build it with "
+                "QwenVL().image_settings(max_pixels) (--dataloader.image_preset qwen3_5 for a "
+                "built-in recipe), or fix the [image] table of the recipe file")
+        if image.image_mean != QWEN3_5_MEAN_STD or image.image_std != QWEN3_5_MEAN_STD:
+            log.warning("qwen3_5 models are trained with image mean/std 0.5; "
+                        "the recipe normalizes with mean %s std %s", image.image_mean,
+                        image.image_std)
+
+    def titan_inputs(self, batch: dict[str, Any], collate: Any,
+                     options: TitanOptions) -> dict[str, Any]:
+        return to_qwen3_5(batch, collate.special.pad, collate.image.merge_size,
+                          options.video_mode, options.mrope)
+
 
 SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id",
                 "vision_end_token_id")

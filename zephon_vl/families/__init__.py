@@ -1,0 +1,8 @@
+"""Model families: what a model fixes about its data (tokens, placeholder layout, image
+settings, collate, TorchTitan inputs). See :mod:`zephon_vl.families.base`.
+
+* :mod:`~zephon_vl.families.base`: ``ModelFamily``, ``VisionFamily``, ``TitanOptions``.
+* :mod:`~zephon_vl.families.registry`: ``register_family``, ``get_family``, ``family_names``.
+* :mod:`~zephon_vl.families.qwen`: ``QwenVL`` (``qwen3_5``), the first vision-language family.
+* :mod:`~zephon_vl.families.text`: ``TextFamily`` (``text``).
+"""

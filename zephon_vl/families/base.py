@@ -1,0 +1,134 @@
+"""What a model family decides about the data, as one object per family.
+
+A *model family* is the set of conventions a model's checkpoint fixes and
+the data must follow: which special tokens frame an image, how many
+placeholder tokens an image of a given patch grid takes, how a conversation
+turn is framed, which image settings its vision encoder was trained with,
+which token ids ride along with a batch, and the keyword arguments of its
+TorchTitan ``forward``. The pipeline's operators stay generic and ask the
+recipe's family; adding a family is one module with a subclass and one
+:func:`~zephon_vl.families.registry.register_family` call.
+
+Two levels: :class:`ModelFamily` is all TorchTitan needs (a name, a recipe
+check, the batch conversion), so the text-only family fits it;
+:class:`VisionFamily` adds the tokens and layout a VLM recipe is built from.
+A family object travels to process-pool workers inside the operators, so it
+must be picklable (a module-level class with plain attributes is). Importing
+a family does not import PIL: text-only TorchTitan jobs resolve ``text`` here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from zephon_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zephon_core.recipes.recipe import Recipe
+    from zephon_vl.media.image import ImageSettings, VisionPatches
+    from zephon_vl.ops.collate import VLCollate
+
+
+class SpecialTokens(Protocol):
+    """A family's resolved special token ids: a frozen dataclass with at least these two."""
+
+    eos: int
+    pad: int
+
+
+@dataclass(frozen=True)
+class TitanOptions:
+    """How a family's TorchTitan conversion lays out a batch (never the data itself)."""
+
+    video_mode: str = "merge"
+    mrope: bool = True
+
+
+class ModelFamily(ABC):
+    """A model family as TorchTitan's ``model_format`` names it.
+
+    ``name`` is the registry key, hence the ``model_format`` value that
+    selects it in ``ZephonDataLoader.Config``.
+    """
+
+    name: str = ""
+    #: True when the family's models take images and videos.
+    vision: bool = False
+
+    @abstractmethod
+    def check_recipe(self, recipe: Recipe) -> None:
+        """Raise ConfigError when this family's models cannot train on `recipe`'s batches."""
+
+    @abstractmethod
+    def titan_inputs(self, batch: dict[str, Any], collate: Any,
+                     options: TitanOptions) -> dict[str, Any]:
+        """A collated micro-batch -> ``input`` plus the model's ``forward`` keyword arguments.
+
+        `collate` is the recipe's collate (it knows the special tokens and
+        image settings the batch was made with); ``labels`` are not touched.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class VisionFamily(ModelFamily):
+    """A vision-language family: the tokens and layout its VLM recipes are built from."""
+
+    vision = True
+
+    @abstractmethod
+    def special_tokens(self, tokenizer: Any) -> SpecialTokens:
+        """The family's special token ids in `tokenizer`; ConfigError when it lacks them."""
+
+    @abstractmethod
+    def placeholder(self, special: Any, patches: VisionPatches, merge_size: int,
+                    video: bool) -> np.ndarray:
+        """The token ids that stand for one image (or video) in the text, int64 1-D.
+
+        The collate puts the patches in the same order as these runs, so a
+        model finds each item's embeddings where its placeholders are.
+        """
+
+    @abstractmethod
+    def chat_turn(self, special: Any, role: str,
+                  encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
+        """Token ids that open and close one conversation turn of `role`.
+
+        `encode` tokenizes text the way the operator tokenizes the turn's
+        content (``add_special_tokens=False``); an empty string gives ``[]``.
+        """
+
+    @abstractmethod
+    def batch_token_ids(self, special: Any) -> dict[str, int]:
+        """Token ids every batch carries as 0-d int64 tensors, by tensor name."""
+
+    def image_settings(self, max_pixels: int) -> ImageSettings:
+        """The image settings the family's vision encoder was trained with (its preset)."""
+        from zephon_vl.media.image import ImageSettings
+
+        return ImageSettings(max_pixels=max_pixels)
+
+    def collate(self, seq_len: int, image: ImageSettings, special: Any) -> VLCollate:
+        """The collate of this family's recipes."""
+        from zephon_vl.ops.collate import VLCollate
+
+        return VLCollate(seq_len, image, special, self)
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """Refuse a text-only recipe, or one built for another family."""
+        from zephon_vl.families.registry import recipe_family
+
+        got = recipe_family(recipe)
+        if not got.vision:
+            raise ConfigError(f"model family {self.name!r} needs a VLM recipe; "
+                              f"{recipe.name!r} is text-only (use model_format='text')")
+        if got.name != self.name:
+            raise ConfigError(f"recipe {recipe.name!r} is built for model family {got.name!r}, "
+                              f"not {self.name!r}; build it with family={self.name!r} (in a "
+                              f"recipe file: family = \"{self.name}\")")

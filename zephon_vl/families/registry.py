@@ -1,0 +1,71 @@
+"""Model families by name: the built-in ones, and those a user registers.
+
+The registry starts with the built-in families (``text``, ``qwen3_5``) and
+changes only through explicit calls: importing a family's module registers
+nothing. A family's name is the ``model_format`` that selects it in
+``ZephonDataLoader.Config`` and the ``family`` of a ``vlm`` recipe file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zephon_core.errors import ConfigError
+from zephon_vl.families.base import ModelFamily, VisionFamily
+from zephon_vl.families.qwen import QwenVL
+from zephon_vl.families.text import TextFamily
+
+if TYPE_CHECKING:
+    from zephon_core.recipes.recipe import Recipe
+
+_FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (TextFamily(), QwenVL())}
+
+
+def register_family(family: ModelFamily, *, replace: bool = False) -> None:
+    """Make `family` available under ``family.name``; a taken name needs ``replace=True``."""
+    if not isinstance(family, ModelFamily):
+        raise ConfigError(f"register_family takes a ModelFamily instance, got {family!r}")
+    if not family.name:
+        raise ConfigError(f"{type(family).__name__} has no name; set its `name` attribute")
+    if family.name in _FAMILIES and not replace:
+        raise ConfigError(f"model family {family.name!r} is already registered "
+                          f"({_FAMILIES[family.name]!r}); pass replace=True to replace it")
+    _FAMILIES[family.name] = family
+
+
+def unregister_family(name: str) -> None:
+    """Remove a registered family (a test's or a plugin's); unknown names raise ConfigError."""
+    get_family(name)
+    del _FAMILIES[name]
+
+
+def family_names() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def get_family(name: str) -> ModelFamily:
+    """The family registered as `name`; ConfigError names the known ones otherwise."""
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown model family {name!r}; known: "
+                          f"{', '.join(family_names())}") from None
+
+
+def vision_family(family: str | VisionFamily) -> VisionFamily:
+    """`family` itself, or the registered vision-language family of that name."""
+    found = get_family(family) if isinstance(family, str) else family
+    if not isinstance(found, VisionFamily):
+        known = [n for n in family_names() if isinstance(_FAMILIES[n], VisionFamily)]
+        raise ConfigError(f"model family {found.name!r} takes no images; vision-language "
+                          f"families: {', '.join(known)}")
+    return found
+
+
+def recipe_family(recipe: Recipe) -> ModelFamily:
+    """The family `recipe`'s batches are laid out for: its collate's, else ``text``."""
+    from zephon_vl.ops.collate import VLCollate
+
+    if isinstance(recipe.collate, VLCollate):
+        return recipe.collate.family
+    return get_family("text")
