@@ -74,6 +74,9 @@ class TinyFamily(VisionFamily):
     def batch_token_ids(self, special: TinyTokens) -> dict[str, int]:
         return {"image_token_id": special.image, "video_token_id": special.video}
 
+    def vision_token_ids(self, special: TinyTokens) -> tuple[int, ...]:
+        return (special.image, special.video)
+
     def titan_inputs(self, batch: dict[str, Any], collate: Any,
                      options: TitanOptions) -> dict[str, Any]:
         return {k: batch[k] for k in ("input", "positions", "pixel_values", "grid_thw")}

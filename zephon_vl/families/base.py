@@ -108,6 +108,14 @@ class VisionFamily(ModelFamily):
     def batch_token_ids(self, special: Any) -> dict[str, int]:
         """Token ids every batch carries as 0-d int64 tensors, by tensor name."""
 
+    @abstractmethod
+    def vision_token_ids(self, special: Any) -> tuple[int, ...]:
+        """The ids that stand for one merged patch each (e.g. ``<|image_pad|>``).
+
+        The collate counts them in every document against its items' patch
+        grids and refuses a batch where they disagree, naming the sample.
+        """
+
     def image_settings(self, max_pixels: int) -> ImageSettings:
         """The image settings the family's vision encoder was trained with (its preset)."""
         from zephon_vl.media.image import ImageSettings

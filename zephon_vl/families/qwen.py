@@ -122,6 +122,9 @@ class QwenVL(VisionFamily):
                   special.vision_end)
         return dict(zip(SPECIAL_KEYS, values, strict=True))
 
+    def vision_token_ids(self, special: QwenTokens) -> tuple[int, ...]:
+        return (special.image_pad, special.video_pad)
+
     def image_settings(self, max_pixels: int) -> ImageSettings:
         """Qwen3.5's vision settings, at most `max_pixels` pixels an image."""
         from zephon_vl.media.image import ImageSettings

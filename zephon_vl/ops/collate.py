@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from zephon_core.errors import BadSampleError
 from zephon_core.ops.pack import Row, text_row_arrays
 from zephon_vl.media.image import ImageSettings, patch_rows
 
@@ -35,12 +36,35 @@ class VLCollate:
         self.family = family
         self.row_width = 3 * image.temporal_patch_size * image.patch_size ** 2
         self._token_ids = family.batch_token_ids(special)
+        self._vision_ids = np.asarray(family.vision_token_ids(special), dtype=np.int64)
 
     def settings(self) -> dict:
         return {"type": "vl", "family": self.family.name, "seq_len": self.seq_len,
                 "normalize": self.image.normalize, "special": asdict(self.special)}
 
+    def check_placeholders(self, rows: list[Row]) -> None:
+        """Every document's vision placeholders match its items' grids, or the batch is refused.
+
+        A model pairs placeholders with patch rows in order, so one extra or
+        missing placeholder shifts every later image of the batch onto the
+        wrong tokens; this names the sample instead of failing in the model.
+        """
+        unit = self.image.merge_size ** 2
+        for row in rows:
+            for seg in row.segments:
+                tokens = np.asarray(seg.payload["tokens"])[seg.start:seg.end]
+                found = int(np.isin(tokens, self._vision_ids).sum())
+                want = sum(int(np.prod(g)) // unit for g in seg.payload["grid_thw"])
+                if found != want:
+                    raise BadSampleError(
+                        "vision_token_mismatch", seg.origin.where(),
+                        f"{found} vision placeholder tokens in the document but its "
+                        f"{len(seg.payload['grid_thw'])} image(s) need {want}; the batch would "
+                        "pair patches with the wrong tokens (check the tokenizer and the "
+                        f"{self.family.name!r} family)")
+
     def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        self.check_placeholders(rows)
         arrays = [text_row_arrays(r, self.seq_len, self.special.pad) for r in rows]
         out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
         pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]

@@ -16,13 +16,13 @@ memory.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
 
 import numpy as np
 
+from zephon_core.common.jsontext import loads_sample
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.ops.contract import Transform, check_on_error
 from zephon_core.ops.text import TokenizerTransform
@@ -49,6 +49,43 @@ def _text_member(sample: dict, ext: str) -> str | None:
         return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
     except UnicodeDecodeError:
         raise BadSampleError("bad_text", _where(sample), f"{ext} is not UTF-8") from None
+
+
+def _turn(turn: Any, where: str) -> dict:
+    """One conversation turn as ``{"role": str, "content": [str | None, ...]}``.
+
+    ``content`` is a string, where ``<image>`` marks an image, or a list of
+    chat-template parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``);
+    either way it becomes text pieces with None where an image goes.
+    """
+    if not isinstance(turn, dict):
+        raise BadSampleError("bad_json", where, f"a conversation turn is {type(turn).__name__}, "
+                             "not an object with 'role' and 'content'")
+    role = turn.get("role", "user")
+    content = turn.get("content", "")
+    if not isinstance(role, str):
+        raise BadSampleError("bad_json", where, "a turn's 'role' is not a string")
+    if isinstance(content, str):
+        pieces: list[str | None] = []
+        for j, chunk in enumerate(content.split(IMAGE_PLACEHOLDER)):
+            if j:
+                pieces.append(None)
+            pieces.append(chunk)
+        return {"role": role, "content": pieces}
+    if not isinstance(content, list):
+        raise BadSampleError("bad_json", where, f"a turn's 'content' is "
+                             f"{type(content).__name__}, not a string or a list of parts")
+    pieces = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind == "image":
+            pieces.append(None)
+        else:
+            raise BadSampleError("bad_json", where, "a content part is not {'type': 'text', "
+                                 "'text': str} or {'type': 'image'}: " + str(part)[:60])
+    return {"role": role, "content": pieces}
 
 
 class DecodeVision(Transform):
@@ -78,12 +115,7 @@ class DecodeVision(Transform):
         indexed = sorted((int(m.group(1)), k) for k in sample
                          if isinstance(k, str) and (m := _INDEXED.match(k)))
         meta_raw = _text_member(sample, "json")
-        meta = None
-        if meta_raw is not None:
-            try:
-                meta = json.loads(meta_raw)
-            except ValueError as exc:
-                raise BadSampleError("bad_json", where, str(exc)) from None
+        meta = None if meta_raw is None else loads_sample(meta_raw, where)
         if "mp4" in sample:
             caption = _text_member(sample, "txt")
             if not caption:
@@ -96,6 +128,9 @@ class DecodeVision(Transform):
                 raise BadSampleError("missing_caption", where,
                                      "interleaved images need json {'text': [...]} ")
             parts = meta["text"]
+            if not all(p is None or isinstance(p, str) for p in parts):
+                raise BadSampleError("bad_json", where, "interleaved 'text' parts must be "
+                                     "strings, or null where an image goes")
             if sum(p is None for p in parts) != len(indexed):
                 raise BadSampleError("bad_json", where, "number of nulls != number of images")
             vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
@@ -107,7 +142,8 @@ class DecodeVision(Transform):
             raise BadSampleError("missing_image", where, "no jpg/png/webp/mp4 member")
         img = process_image(sample[ext], self.image, f"{where}.{ext}", one_frame=True)
         if isinstance(meta, dict) and isinstance(meta.get("conversations"), list):
-            return {**base, "kind": "conversation", "turns": meta["conversations"],
+            return {**base, "kind": "conversation",
+                    "turns": [_turn(t, where) for t in meta["conversations"]],
                     "vision": [img], "video": [False]}
         caption = _text_member(sample, "txt")
         if caption is None and isinstance(meta, dict) and isinstance(meta.get("caption"), str):
@@ -175,16 +211,15 @@ class TokenizeMultimodal(TokenizerTransform):
             return out
         out, images = [], 0
         for turn in doc["turns"]:
-            role = turn.get("role", "user")
-            content = str(turn.get("content", ""))
+            role = turn["role"]
             opening, closing = self.family.chat_turn(ids, role, self._text)
             out.append(("text", opening, False))
-            chunks = content.split(IMAGE_PLACEHOLDER)
-            for j, chunk in enumerate(chunks):
-                if j > 0:
+            for piece in turn["content"]:
+                if piece is None:
                     out.append(("vision", images, False))
                     images += 1
-                out.append(("text", self._text(chunk), role == "assistant"))
+                else:
+                    out.append(("text", self._text(piece), role == "assistant"))
             out.append(("text", closing, role == "assistant"))
         if images != len(doc["vision"]):
             raise BadSampleError("bad_json", f"{doc.get('shard')}:{doc.get('key')}",
