@@ -320,8 +320,11 @@ class ProcessRunner(Runner):
             with self._lock:
                 if self._closed:
                     return
-                conns = [c for c in self._conns if c is not None]
-                sentinels = [p.sentinel for p in self._procs if p is not None]
+                # a worker given up on (broken pool) has its pipe closed: not watched
+                live = [(c, p) for c, p in zip(self._conns, self._procs, strict=True)
+                        if c is not None and not c.closed]
+                conns = [c for c, _ in live]
+                sentinels = [p.sentinel for _, p in live]
             ready = wait([self._wake_r, *conns, *sentinels], timeout=self._wait_s())
             for obj in ready:
                 if obj is self._wake_r:

@@ -451,23 +451,14 @@ def _lock_is_free(path: Path) -> bool:
     return True
 
 
-def _pid_is_gone(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def sweep_orphans(prefix: str = "zephon-") -> int:
     """Unlink segments left by pools whose owner is gone (it was killed).
 
-    Pool prefixes are ``zephon-<owner pid>-<id>-``. A pool with a lock file
-    is an orphan when its lock can be taken, which holds across PID
-    namespaces; only a pool without one (written by an older version) is
-    judged by its owner's PID.
+    Pool prefixes are ``zephon-<owner pid>-<id>-``. A pool is an orphan when
+    its lock file can be locked: that holds across PID namespaces, where the
+    PID in the name means nothing. A pool without a lock file is left alone:
+    it belongs to an older version, whose owner cannot be told apart from a
+    live process in another namespace.
     """
     if not available():
         return 0
@@ -479,10 +470,7 @@ def sweep_orphans(prefix: str = "zephon-") -> int:
     n = 0
     for pool, files in pools.items():
         lock = SHM_DIR / f"{pool}{LOCK}"
-        if lock.exists():
-            if not _lock_is_free(lock):
-                continue
-        elif not _pid_is_gone(pool[len(prefix):].split("-", 1)[0]):
+        if not lock.exists() or not _lock_is_free(lock):
             continue
         for p in sorted(files, key=lambda p: p == lock):  # the lock last
             p.unlink(missing_ok=True)
