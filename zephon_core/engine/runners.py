@@ -273,12 +273,16 @@ class ProcessRunner(Runner):
 
     def _count_pickled(self, items: list[Any]) -> None:
         n = sum(1 for p in items if isinstance(p, shm.Packed) and p.pickled)
-        if n and not self.pickled:
+        if not n:
+            return
+        with self._lock:
+            first = not self.pickled
+            self.pickled += n
+        if first:
             log.warning("zephon: stage %s: /dev/shm is full (%s); messages that do not fit "
                         "travel pickled through the pipe (slower). Fix: give /dev/shm more "
                         "room (docker run --shm-size=8g) or use fewer workers",
                         self.name, shm.space())
-        self.pickled += n
 
     def _released_for(self, pid: int) -> list[str]:
         """Pooled files of worker `pid` that it may reuse (a dead worker's files are gone)."""
