@@ -424,8 +424,8 @@ class ProcessRunner(Runner):
             self._start_worker(i)
 
     def _start_failure(self, exitcode: int | None) -> str:
-        head = (f"stage {self.name}: worker processes keep dying while they start "
-                f"({_death_cause(exitcode)})")
+        head = (f"stage {self.name}: worker processes keep dying while they start (the "
+                f"last one {_death_cause(exitcode)})")
         if exitcode in (-signal.SIGKILL, -signal.SIGBUS):
             return f"{head}; {_advice(exitcode)}"
         return (f"{head}; the stage cannot start in a worker process (is the script guarded "

@@ -33,6 +33,7 @@ import itertools
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -383,14 +384,22 @@ def remove_leftovers(prefix: str) -> int:
     return n
 
 
-def abandon(prefix: str) -> None:
-    """The driver of pool `prefix` is gone: remove its segments, and its lock once free."""
+def abandon(prefix: str, wait_s: float = 2.0) -> None:
+    """The driver of pool `prefix` is gone: remove its segments, and its lock once free.
+
+    A dying process closes its files one by one, so its lock may still be held
+    for a moment after its pipe reads EOF: the lock is retried for `wait_s`.
+    """
     if not available():
         return
     remove_leftovers(prefix)
     lock = SHM_DIR / f"{prefix}{LOCK}"
-    if _lock_is_free(lock):
-        lock.unlink(missing_ok=True)
+    deadline = time.monotonic() + wait_s
+    while not _lock_is_free(lock):
+        if time.monotonic() > deadline:
+            return  # still held (a forked worker shares it): the next sweep removes it
+        time.sleep(0.02)
+    lock.unlink(missing_ok=True)
 
 
 #: share of the free space of /dev/shm the answer pools of one process runner may take:
