@@ -1,1 +1,1 @@
-"""Operators: the Transform/Accumulator contract, and the built-in shuffle, pack and text operators."""
+"""Operators: the transform/accumulator/combiner contract; built-in shuffle, pack and text ops."""
