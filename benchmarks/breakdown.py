@@ -31,7 +31,13 @@ _IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
 def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
     from zephon_core.engine import shm
     from zephon_core.records import Element, Origin
-    from zephon_vl.media.image import _open, finish_patches, resize_rgb, target_size, to_rgb
+    from zephon_vl.media.image import (
+        decode_rgb,
+        finish_patches,
+        open_image,
+        resize_rgb,
+        target_size,
+    )
     from zephon_vl.media.video import process_video
 
     work = Work.build(spec)
@@ -59,15 +65,12 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
                 acc["video"] += clock() - t
             elif _IMG.match(key):
                 images += 1
+                # process_image's steps, one by one
                 t0 = clock()
-                img = _open(data, settings, key)
+                img = open_image(data, settings, key)
                 w, h = img.size
                 th, tw = target_size(h, w, settings, key)
-                if settings.draft and img.format in ("JPEG", "MPO") and 2 * tw <= w \
-                        and 2 * th <= h:
-                    img.draft("RGB", (tw, th))
-                img.load()
-                rgb = to_rgb(img)
+                rgb = decode_rgb(img, th, tw, settings, key)
                 t1 = clock()
                 arr = resize_rgb(rgb, th, tw, settings)
                 t2 = clock()

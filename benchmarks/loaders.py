@@ -4,18 +4,19 @@ Every runner builds the same :class:`~zephon_bench.workload.Work`, starts the
 clock when the loader is constructed (so time to first batch includes worker
 start-up) and records two curves:
 
-* *produced*: when each processed document (or zephon group of documents)
-  reached the main process, with its tokens and images. Steady-state rates
-  are measured on this curve. It is what a long run delivers: a loader that
-  holds finished documents back (zephon's lanes hold a few hundred: open
-  packer bins and prefetched rows in each of 8 lanes) delivers them later,
-  but at the same rate, so on a finite data set the *delivery* curve would
-  first lag and then burst while that backlog drains.
+* *produced*: when each processed document (or zephon group of documents, seen
+  by a stage observer) reached the main process, with its tokens and images.
+  Steady-state rates are measured on this curve. It is what a long run
+  delivers: a loader that holds finished documents back (zephon's lanes hold
+  a few hundred: open packer bins and prefetched rows in each of 8 lanes)
+  delivers them later, but at the same rate, so on a finite data set the
+  *delivery* curve would first lag and then burst while that backlog drains.
 * *batches*: when each batch of ``batch_rows`` packed rows was delivered
   (time to first batch, and the check that every sample was delivered).
 
-Rows left after the last full batch are drained and counted, so every loader
-accounts for every sample.
+Rows left after the last full batch are drained (zephon: `Loader.drain()`) and
+counted, so every loader accounts for every sample. Only public names of
+zephon are used here: the harness measures what a user can build.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any
 
 from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
-from zephon_core.ops.pack import Row
+from zephon_core.engine.observe import StageEvent
+from zephon_core.ops.contract import Row
 from zephon_core.records import Dropped, Origin, Pointer
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
@@ -75,37 +76,41 @@ class Trace:
 
 # --- zephon ------------------------------------------------------------------
 
-def _drain_zephon(loader: Any) -> tuple[list[Row], int]:
-    """After `next_rows()` said end of data: finish every lane and take its last rows."""
-    runs = loader._runs  # the harness needs every sample; the loader stops at a short step
-    for run in runs:
-        run.want_rows = 1 << 60
-    while not all(run.finished for run in runs):
-        progressed = False
-        for run in runs:
-            progressed |= run.pump()
-        if not progressed:
-            heads = [f for run in runs for f in run.head_futures()]
-            if not heads:
-                raise RuntimeError("zephon lanes stalled while draining")
-            wait(heads, timeout=60, return_when=FIRST_COMPLETED)
-    rows = [row for run in runs for row, _ in run.rows]
-    dropped = sum(sum(run.dropped.values()) for run in runs)
-    return rows, dropped
+class LastStageWatch:
+    """A zephon stage observer: when each group of the last transform stage (the one before
+    the packer) came back to the driver, and which documents it held.
 
+    Tokens and images per group are filled in after the run from the rows the documents
+    ended up in (an observer sees no payloads): a document the packer refuses counts as
+    a sample with no tokens.
+    """
 
-def _watch_last_stage(loader: Any, trace: Trace) -> None:
-    """Record when each group of the stage before the packer comes back to the driver."""
-    last = max(s.index for s in loader.plan.stages if s.kind == "transform")
-    runner = loader.runners[last]
-    submit = runner.submit
+    def __init__(self) -> None:
+        self.stage: int | None = None
+        self.groups: list[tuple[float, tuple[Origin, ...]]] = []
+        self.delivered: dict[tuple[int, int, int, int], tuple[int, int]] = {}
 
-    def watched(elements: list) -> Any:
-        fut = submit(elements)
-        fut.add_done_callback(lambda f: f.exception() is None and trace.produce(f.result()))
-        return fut
+    def __call__(self, event: StageEvent) -> None:
+        if event.stage == self.stage:
+            self.groups.append((event.end, event.origins))
 
-    runner.submit = watched
+    def rows(self, rows: list[Row]) -> None:
+        """Tokens and images of each document, from the rows it is in."""
+        for row in rows:
+            for seg in row.segments:
+                o = seg.origin
+                key = (o.dataset, o.shard, o.index, o.epoch)
+                tokens, images = self.delivered.get(key, (0, 0))
+                images = images or int((seg.payload.get("costs") or {}).get("images", 0))
+                self.delivered[key] = (tokens + seg.length, images)
+
+    def produced(self) -> list[list[float]]:
+        out = []
+        for t, origins in self.groups:
+            done = [self.delivered.get((o.dataset, o.shard, o.index, o.epoch), (0, 0))
+                    for o in origins]
+            out.append([t, len(origins), sum(d[0] for d in done), sum(d[1] for d in done)])
+        return out
 
 
 def zephon_execution(cli_args: list[str]) -> Any:
@@ -127,15 +132,21 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     recipe = spec.recipe()
     ex = zephon_execution(list(params.get("cli", [])))
     trace = Trace()
-    loader = Loader(recipe, 0, 1, ex)
-    _watch_last_stage(loader, trace)
+    watch = LastStageWatch()
+    loader = Loader(recipe, 0, 1, ex, observer=watch)
+    watch.stage = max(s.index for s in loader.plan.stages if s.kind == "transform")
     try:
         trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
                                for s in loader.plan.stages if s.kind == "transform"]
+        dropped = 0
         while (rows := loader.next_rows()) is not None:
             trace.batch(rows)
-        rest, dropped = _drain_zephon(loader)
-        trace.tail(rest, dropped)
+            watch.rows(rows)
+            dropped += len(loader.last_meta.drops)
+        rest = loader.drain()  # the rows after the last full step, and the last drops
+        watch.rows(rest.rows)
+        trace.tail(rest.rows, dropped + len(rest.drops))
+        trace.produced = watch.produced()
     finally:
         loader.close()
     return trace

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.ops.contract import StageFn, Transform
-from zephon_core.ops.pack import Pack, Row
+from zephon_core.ops.contract import CombinerOp, Row, StageFn, Transform
 from zephon_core.records import Dropped, Element, Origin, Pointer
 
 
@@ -73,12 +72,12 @@ class WorkSpec:
 
 @dataclass
 class Work:
-    """The recipe's stateless operators fused into one call, its packer, and the sample list
-    (every sample once per epoch)."""
+    """The recipe's stateless operators fused into one call, its packer (the recipe's
+    combiner), and the sample list (every sample once per epoch)."""
 
     spec: WorkSpec
     fn: StageFn
-    pack: Pack
+    pack: CombinerOp
     pointers: list[Pointer] = field(default_factory=list)
 
     @classmethod
@@ -89,7 +88,7 @@ class Work:
         if names != ["read", "decode", "tokenize"]:
             raise RuntimeError(f"the vlm recipe's transforms changed ({names}); update the "
                                "benchmark so that every loader still does the same work")
-        pack = recipe.ops[-1]
+        pack = recipe.combiner
         reader = recipe.datasets[0].reader
         pointers = [Pointer(0, s, i) for s in range(reader.num_shards)
                     for i in range(reader.shard_len(s))]
@@ -145,7 +144,7 @@ class Tally:
 class RowBatcher:
     """zephon's packer in the main process, for loaders that deliver documents (Grain, torch)."""
 
-    def __init__(self, pack: Pack, batch_rows: int, seed: int = 0) -> None:
+    def __init__(self, pack: CombinerOp, batch_rows: int, seed: int = 0) -> None:
         self.packer = pack.make(0, seed)
         self.batch_rows = batch_rows
         self.rows: list[Row] = []

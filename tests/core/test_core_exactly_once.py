@@ -10,60 +10,18 @@ rows `loader.end_of_data` counts, and the drops decided after them).
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors, keep, make_shards
-from zephon_core.data.sources import DatasetOrder, LaneSource
+from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors
+from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core.engine.execution import Execution
 from zephon_core.records import Origin
 
 FINITE = Spec(datasets=(DataSpec((40, 27, 55), max_len=70, data_seed=5, bad_every=23),),
               num_lanes=4, rows_per_lane=2, epochs=1, shuffle_buffer=5, seq_len=32,
               on_error="drop", block_size=16)
-
-
-def lane_streams(spec: Spec) -> dict[int, list[Origin]]:
-    """Each lane's origin stream, recomputed from the work source alone."""
-    recipe = build_recipe(spec)
-    orders = [DatasetOrder([d.reader.shard_len(s) for s in range(d.reader.num_shards)],
-                           recipe.seed, j, recipe.shuffle)
-              for j, d in enumerate(recipe.datasets)]
-    out = {}
-    for lane in range(spec.num_lanes):
-        src = LaneSource(orders, [d.weight for d in recipe.datasets], lane, spec.num_lanes,
-                         spec.epochs)
-        stream = []
-        while (o := src.next()) is not None:
-            stream.append(o)
-        out[lane] = stream
-    return out
-
-
-@dataclass
-class Ledger:
-    """Where each origin of each lane ended up."""
-
-    segments: dict[tuple[int, Origin], list[tuple[int, int]]] = field(
-        default_factory=lambda: defaultdict(list))
-    drops: dict[tuple[int, Origin], list[str]] = field(default_factory=lambda: defaultdict(list))
-    remainder: set[tuple[int, Origin]] = field(default_factory=set)
-    row_tokens: list[int] = field(default_factory=list)
-
-    def add_rows(self, lanes: list[int], rows: list, r: int) -> None:
-        for i, row in enumerate(rows):
-            lane = lanes[i // r]
-            self.row_tokens.append(sum(e - s for _, s, e in row))
-            for origin, s, e in row:
-                self.segments[(lane, Origin(*origin))].append((s, e))
-
-    def add_drops(self, lane_of_seq: dict[Origin, int], drops: list) -> None:
-        for origin, reason in drops:
-            self.drops[(lane_of_seq[Origin(*origin)], Origin(*origin))].append(reason)
 
 
 def record_step(ledger: Ledger, loader, owner: dict[Origin, int], r: int) -> None:
@@ -122,53 +80,6 @@ def run_to_end(world: World, ledger: Ledger, owner: dict[Origin, int], *,
             record_step(ledger, loader, owner, r)
         else:
             pytest.fail("the finite run did not end")
-
-
-def expected_fate(spec: Spec, o: Origin) -> tuple[str, int]:
-    """('drop:<reason>' or 'rows', tokens expected in rows) from the document itself."""
-    doc = make_shards(spec.datasets[o.dataset], o.dataset)[o.shard][o.index]
-    n = doc["n"]
-    if doc.get("bad"):
-        return "drop:corrupt_doc", 0
-    if spec.use_filter and not keep(doc):
-        return "drop:filtered", 0
-    if n == 0:
-        return "drop:empty", 0
-    if n > spec.seq_len:
-        if spec.overlong == "drop":
-            return "drop:over_length", 0
-        if spec.overlong == "truncate":
-            return "rows", spec.seq_len
-    return "rows", n
-
-
-def check_ledger(spec: Spec, streams: dict[int, list[Origin]], ledger: Ledger) -> None:
-    assert all(0 < t <= spec.seq_len for t in ledger.row_tokens), "a row exceeds seq_len"
-    everything = {(lane, o) for lane, s in streams.items() for o in s}
-    seen = set(ledger.segments) | set(ledger.drops) | ledger.remainder
-    assert not seen - everything, f"not in any lane stream: {sorted(seen - everything)[:5]}"
-    lost = everything - seen
-    assert not lost, f"{len(lost)} origins neither in a row nor dropped, e.g. {sorted(lost)[:5]}"
-    for key in everything:
-        lane, o = key
-        if key in ledger.remainder:
-            continue  # not delivered: the end of the data
-        fate, tokens = expected_fate(spec, o)
-        if fate == "rows":
-            assert key not in ledger.drops, (key, ledger.drops[key])
-            spans = sorted(ledger.segments[key])
-            assert spans[0][0] == 0 and spans[-1][1] == tokens, (key, spans, tokens)
-            for (_, e), (s, _) in zip(spans, spans[1:], strict=False):
-                assert e == s, f"segments of {key} do not tile [0, {tokens}): {spans}"
-        else:
-            assert key not in ledger.segments, (key, fate, ledger.segments[key])
-            assert ledger.drops[key] == [fate.removeprefix("drop:")], (key, ledger.drops[key])
-
-
-def owners(streams: dict[int, list[Origin]]) -> dict[Origin, int]:
-    owner = {o: lane for lane, s in streams.items() for o in s}
-    assert len(owner) == sum(len(s) for s in streams.values()), "origin in two lanes"
-    return owner
 
 
 @pytest.mark.parametrize("D", [1, 2, 4])
@@ -290,3 +201,68 @@ def test_leftover_accounts_for_every_drawn_element():
     assert lost == {lane: [] for lane in streams}, (
         f"drawn (seq <= the lane's highest accounted seq) but neither delivered nor in "
         f"leftover(): {lost}")
+
+
+@pytest.mark.parametrize(("D", "k", "background"),
+                         [(1, 0, False), (2, 3, False), (4, 1, False), (1, 2, True), (2, 0, True)])
+def test_drain_delivers_the_rest_exactly_once(D, k, background):
+    """`Loader.drain()` after k steps runs finite data to its end: the delivered steps plus
+    the drained rows and drops account for every element of every lane, with no remainder.
+    With `background`, the driver thread has made steps ahead of the consumer: drained too."""
+    from zephon_core.engine.loader import Loader
+
+    streams = lane_streams(FINITE)
+    owner = owners(streams)
+    ledger = Ledger()
+    recipe = build_recipe(FINITE)
+    ex = Execution(group_size=3, prefetch_steps=2)
+    loaders = [Loader(recipe, d, D, ex, background=background) for d in range(D)]
+    try:
+        for loader in loaders:
+            state = loader.state_dict()
+            for _ in range(k):
+                if background:
+                    next(loader)
+                else:
+                    assert loader.next_rows() is not None
+                record_step(ledger, loader, owner, FINITE.rows_per_lane)
+                state = loader.state_dict()
+            drained = loader.drain()
+            assert sorted(set(drained.lanes)) == loader.lanes or not drained.rows
+            assert drained.lanes == sorted(drained.lanes)
+            ledger.add_drained(drained, owner)
+            assert loader.leftover() == {"rows": [], "drops": [], "held": []}
+            assert loader.drain().rows == []
+            assert loader.state_dict() == state  # still the last step delivered
+            if background:
+                assert next(loader, None) is None
+            else:
+                assert loader.next_rows() is None
+    finally:
+        for loader in loaders:
+            loader.close()
+    check_ledger(FINITE, streams, ledger)
+    assert not ledger.remainder
+
+
+def test_drain_of_endless_data_finishes_what_the_lanes_hold():
+    """With epochs=None, `drain()` stops drawing and finishes the elements already drawn:
+    every one of them (each lane's stream up to the last one accounted for) is in a
+    delivered or drained row or in a drop, once, and nothing stays held."""
+    spec = FINITE.but(epochs=None, shuffle_pos="payloads")
+    owner = owners(lane_streams(spec, limit=2000))
+    ledger = Ledger()
+    with World(spec, 2, Execution(group_size=2, prefetch=3)) as w:
+        for _ in range(3):
+            for loader in w.loaders:
+                assert loader.next_rows() is not None
+                record_step(ledger, loader, owner, spec.rows_per_lane)
+        for loader in w.loaders:
+            ledger.add_drained(loader.drain(), owner)
+            assert loader.leftover()["held"] == []
+    keys = [*ledger.segments, *ledger.drops]
+    drawn = max(o.seq for _, o in keys) + 1
+    assert drawn < 2000
+    streams = {lane: stream[:1 + max(o.seq for ln, o in keys if ln == lane)]
+               for lane, stream in lane_streams(spec, limit=drawn).items()}
+    check_ledger(spec, streams, ledger)

@@ -134,6 +134,7 @@ class Spec:
     overlong: str = "split"
     on_error: str = "raise"
     map_fn: Any = None  # default: to_tokens
+    combiner: Any = None  # the CombinerOp that ends the pipeline; default: Pack(seq_len, ...)
 
     @property
     def global_batch_size(self) -> int:
@@ -163,8 +164,8 @@ def build_recipe(spec: Spec) -> Recipe:
         ops.append(Shuffle(spec.shuffle_buffer))
     if spec.use_filter:
         ops.append(Filter(keep, name="keep"))
-    ops.append(Pack(spec.seq_len, mode=spec.mode, max_open_bins=spec.max_open_bins,
-                    overlong=spec.overlong))
+    ops.append(spec.combiner or Pack(spec.seq_len, mode=spec.mode,
+                                     max_open_bins=spec.max_open_bins, overlong=spec.overlong))
     return Recipe(
         datasets=[Dataset(f"ds{j}", r, d.weight)
                   for j, (r, d) in enumerate(zip(readers, spec.datasets, strict=True))],
@@ -186,7 +187,8 @@ class World:
     """D loaders of one recipe in one process: rank d of D, global batch = ranks in order."""
 
     def __init__(self, spec: Spec, D: int, execution: Execution | None = None,
-                 shared_runners: bool = False, state: dict | None = None) -> None:
+                 shared_runners: bool = False, state: dict | None = None,
+                 observer: Any = None) -> None:
         from zephon_core.engine.execution import Execution
         from zephon_core.engine.loader import Loader
         from zephon_core.engine.plan import Plan
@@ -200,7 +202,7 @@ class World:
         try:
             for d in range(D):
                 self.loaders.append(Loader(self.recipe, d, D, self.execution,
-                                           runners=self.runners))
+                                           runners=self.runners, observer=observer))
             if state is not None:
                 for loader in self.loaders:
                     loader.load_state_dict(state)

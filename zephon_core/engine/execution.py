@@ -35,6 +35,12 @@ class Execution:
     prefetch_steps: int = 1
     start_method: str = "spawn"
     fuse: bool = True
+    #: seconds a process worker may spend on one group before it is killed and replaced
+    #: and the group re-run (None: wait forever). A healthy group takes well under a
+    #: second, a slow read or a long video seconds: 300 s never fires on those, yet a hang
+    #: surfaces, naming its samples, before torch's 10-minute collective timeout kills
+    #: the job with no hint
+    group_timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
@@ -42,6 +48,9 @@ class Execution:
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
         if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
+        if self.group_timeout is not None and not self.group_timeout > 0:
+            raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
+                              f"not {self.group_timeout!r}")
 
     def runner_for(self, t: Transform) -> tuple[str, int]:
         kind = self.runners.get(t.name, self.runner)

@@ -1,25 +1,26 @@
-"""One lane's run: its source, per-lane accumulators, packer, and in-flight work.
+"""One lane's run: its source, per-lane accumulators, combiner, and in-flight work.
 
 Everything a lane decides (order, groupings into rows, drops) happens here,
 in one thread, in the lane's element order. Workers only compute payloads.
 A *snapshot* is taken after every `r`-th row: a consistent cut of the lane
-(source counters, origins held or in flight at each stage, packer segments,
-undelivered drops) from which `restore` rebuilds the exact continuation.
+(source counters, origins held or in flight at each stage, the combiner's
+state, undelivered drops) from which `restore` rebuilds the exact continuation.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
+from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
-from zephon_core.ops.contract import Accumulator
-from zephon_core.ops.pack import Packer, Row
+from zephon_core.ops.contract import Accumulator, Combiner, Row
 from zephon_core.records import Dropped, Element, Origin
 
 _KEY_SALT = 0x454C454D
@@ -30,25 +31,43 @@ def element_key(seed: int, o: Origin) -> int:
     return derive(seed, _KEY_SALT, o.dataset, o.shard, o.index, o.epoch)
 
 
+class _Group:
+    """A group submitted to a stage's runner; `done` is stamped when its future completes."""
+
+    __slots__ = ("origins", "future", "submitted", "done")
+
+    def __init__(self, origins: list[Origin], future: Future, submitted: float) -> None:
+        self.origins = origins
+        self.future = future
+        self.submitted = submitted
+        self.done = 0.0
+
+    def stamp(self, _: Future) -> None:
+        self.done = time.monotonic()
+
+
 class _TransformState:
     __slots__ = ("waiting", "inflight")
 
     def __init__(self) -> None:
         self.waiting: deque[tuple[Origin, Any]] = deque()
-        self.inflight: deque[tuple[list[Origin], Future]] = deque()
+        self.inflight: deque[_Group] = deque()
 
     def count(self) -> int:
-        return len(self.waiting) + sum(len(o) for o, _ in self.inflight)
+        return len(self.waiting) + sum(len(g.origins) for g in self.inflight)
 
     def origins(self) -> list[Origin]:
         """Oldest first: submitted groups, then not yet submitted."""
-        return [o for os_, _ in self.inflight for o in os_] + [o for o, _ in self.waiting]
+        return [o for g in self.inflight for o in g.origins] + [o for o, _ in self.waiting]
 
 
 class LaneRun:
+    """The lane's state machine; `observer` (see `engine.observe`) only watches it."""
+
     def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
-                 seed: int, rows_per_step: int) -> None:
+                 seed: int, rows_per_step: int, observer: StageObserver | None = None) -> None:
         self.lane = lane
+        self.observer = observer
         self.plan = plan
         self.stages = plan.stages
         self.runners = runners
@@ -64,8 +83,8 @@ class LaneRun:
             s.index: deque() for s in self.stages if s.kind != "transform"}
         self.accs: dict[int, Accumulator] = {
             s.index: s.ops[0].make(lane, seed) for s in self.stages if s.kind == "accumulator"}
-        self.pack_index = self.stages[-1].index
-        self.packer: Packer = plan.pack.make(lane, seed)
+        self.combiner_index = self.stages[-1].index
+        self.combiner: Combiner = plan.combiner.make(lane, seed)
         self.rows: deque[tuple[Row, dict | None]] = deque()
         self.rows_emitted = 0
         self.want_rows = 0
@@ -91,26 +110,38 @@ class LaneRun:
     def _drain(self) -> bool:
         moved = False
         for i, box in self.inbox.items():
+            if not box:
+                continue
+            moved = True
+            start = time.monotonic() if self.observer is not None else 0.0
+            seen: list[Origin] = []
             while box:
-                moved = True
                 origin, payload = box.popleft()
+                seen.append(origin)
                 if isinstance(payload, Dropped):
-                    if i == self.pack_index:
+                    if i == self.combiner_index:
                         self._record_drop(origin, payload.reason)
                     else:
                         self._to_stage(i + 1, origin, payload)
-                elif i == self.pack_index:
-                    refused = self.packer.push(origin, payload)
+                elif i == self.combiner_index:
+                    refused = self.combiner.push(origin, payload)
                     if refused is not None:
                         self._record_drop(origin, refused.reason)
                     self._take_rows()
                 else:
                     for o, p in self.accs[i].push((origin, payload)):
                         self._to_stage(i + 1, o, p)
+            if self.observer is not None:
+                self._observe(i, DRIVER, start, time.monotonic(), seen)
         return moved
 
+    def _observe(self, i: int, runner: str, start: float, end: float,
+                 origins: list[Origin]) -> None:
+        self.observer(StageEvent(self.lane, i, self.stages[i].name,  # type: ignore[misc]
+                                 runner, start, end, tuple(origins)))
+
     def _take_rows(self) -> None:
-        while (row := self.packer.pop_row()) is not None:
+        while (row := self.combiner.pop_row()) is not None:
             self.draws_since_row = 0
             row.drops, self.pending_drops = self.pending_drops, []
             self.rows_emitted += 1
@@ -133,24 +164,31 @@ class LaneRun:
         n = min(self.group_size, len(st.waiting))
         take = [st.waiting.popleft() for _ in range(n)]
         elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
-        st.inflight.append(([o for o, _ in take], self.runners[i].submit(elements)))
+        submitted = time.monotonic() if self.observer is not None else 0.0
+        group = _Group([o for o, _ in take], self.runners[i].submit(elements), submitted)
+        if self.observer is not None:
+            group.future.add_done_callback(group.stamp)
+        st.inflight.append(group)
 
     def pump(self) -> bool:
         """Move everything that can move without waiting; True if anything did."""
         moved = False
         for i in sorted(self.t, reverse=True):
             st = self.t[i]
-            while st.inflight and st.inflight[0][1].done():
-                origins, fut = st.inflight.popleft()
+            while st.inflight and st.inflight[0].future.done():
+                group = st.inflight.popleft()
                 try:
-                    outs = fut.result()
+                    outs = group.future.result()
                 except ZephonError:
                     raise
                 except Exception as exc:
                     raise RuntimeError(f"lane {self.lane}, stage {self.stages[i].name!r}, group "
-                                       f"starting at {origins[0].where()}: {exc}") from exc
-                for o, out in zip(origins, outs, strict=True):
+                                       f"starting at {group.origins[0].where()}: {exc}") from exc
+                for o, out in zip(group.origins, outs, strict=True):
                     self._to_stage(i + 1, o, out)
+                if self.observer is not None:
+                    self._observe(i, self.stages[i].runner_kind, group.submitted,
+                                  group.done or time.monotonic(), group.origins)
                 moved = True
         moved |= self._drain()
         while self._can_pull():
@@ -160,8 +198,9 @@ class LaneRun:
             if self.draws_since_row > self.stall_limit:
                 raise NoRowsError(
                     f"lane {self.lane} drew {self.draws_since_row} elements since its last row "
-                    f"and packed none (drops so far: {self.dropped}); every element is being "
-                    "dropped: check the filters, seq_len, limits and the overlong setting")
+                    f"without making one (drops so far: {self.dropped}); every element is being "
+                    "dropped: check the filters and the settings of the combiner "
+                    f"{self.plan.combiner.name!r} (for Pack: seq_len, limits, overlong)")
             if origin is None:
                 self.source_done = True
                 break
@@ -187,8 +226,8 @@ class LaneRun:
                 break
             self.flushed.add(s.index)
             moved = True
-            if s.index == self.pack_index:
-                self.packer.flush()
+            if s.index == self.combiner_index:
+                self.combiner.flush()
                 self._take_rows()
                 self.finished = True
             else:
@@ -198,11 +237,15 @@ class LaneRun:
         return moved
 
     def head_futures(self) -> list[Future]:
-        return [st.inflight[0][1] for st in self.t.values() if st.inflight]
+        return [st.inflight[0].future for st in self.t.values() if st.inflight]
+
+    def stop_drawing(self) -> None:
+        """Draw nothing more from the source: the lane ends with what it holds (`Loader.drain`)."""
+        self.source_done = True
 
     # --- checkpoint --------------------------------------------------------
     def _pending(self) -> dict[str, list[list[int]]]:
-        """Per accumulator/pack stage: origins on their way to it, oldest first."""
+        """Per accumulator/combiner stage: origins on their way to it, oldest first."""
         out: dict[str, list[list[int]]] = {}
         start = 0
         for s in self.stages:
@@ -219,7 +262,7 @@ class LaneRun:
         """Every element drawn from the source that has not reached a row or a drop yet."""
         pending = [Origin(*o) for origins in self._pending().values() for o in origins]
         held = [o for acc in self.accs.values() for o in acc.held_origins()]
-        return pending + held + self.packer.held_origins()
+        return pending + held + self.combiner.held_origins()
 
     def snapshot(self) -> dict:
         return {
@@ -228,7 +271,7 @@ class LaneRun:
             "rows": self.rows_emitted,
             "pending": self._pending(),
             "accumulators": {str(i): a.state() for i, a in self.accs.items()},
-            "packer": self.packer.state(),
+            "packer": self.combiner.state(),
             "flushed": sorted(self.flushed),
             "drops": [[*o, reason] for o, reason in self.pending_drops],
             "dropped": dict(sorted(self.dropped.items())),
@@ -265,10 +308,11 @@ class LaneRun:
                     self.accs[s.index].restore(snap["accumulators"][str(s.index)],
                                                lambda os_, i=s.index: self._recompute(os_, i))
                 start = s.index + 1
-            self.packer.restore(snap["packer"], lambda os_: self._recompute(os_, self.pack_index))
+            self.combiner.restore(snap["packer"],
+                                  lambda os_: self._recompute(os_, self.combiner_index))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CheckpointError(
                 f"lane {self.lane}: the checkpoint's lane state is corrupt or truncated "
                 f"({type(exc).__name__}: {exc}); restore from an intact checkpoint file") from None
-        self.finished = self.pack_index in self.flushed
+        self.finished = self.combiner_index in self.flushed
         self._take_rows()

@@ -15,10 +15,11 @@ from zephon_core.data.sources import DatasetOrder, LaneSource
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
+from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import ConfigError, ZephonError
-from zephon_core.ops.pack import Row
+from zephon_core.ops.contract import Row
 from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Origin
 
@@ -46,6 +47,21 @@ class _Step:
     meta: StepMeta
 
 
+@dataclass
+class Drained:
+    """What `Loader.drain` took out of this rank's lanes; none of it was delivered before.
+
+    ``rows``: every row the lanes made and no step delivered, lane by lane in
+    lane order, each lane's rows in its order; ``lanes[i]`` is the lane of
+    ``rows[i]``. ``drops``: every drop no `StepMeta` reported, lane by lane:
+    those each row carries (``row.drops``, decided before it) and then those
+    decided after the lane's last row.
+    """
+
+    rows: list[Row]
+    lanes: list[int]
+    drops: list[tuple[Origin, str]]
+
 
 class Loader:
     """An iterator of local batches for rank `dp_rank` of `dp_world_size`.
@@ -58,13 +74,19 @@ class Loader:
     `execution.prefetch_steps` batches ahead of the consumer (so packing and
     collation overlap the training step); `state_dict()` still describes the
     last batch the consumer received.
+
+    `observer` is called with a `StageEvent` for every group of elements
+    through every stage of every lane (see `zephon_core.engine.observe`; a
+    `StageStats` totals them for `explain`). It sees counts, times and
+    origins, never payloads, so it cannot change a batch.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
                  execution: Execution | None = None, microbatches: int = 1,
                  runners: dict[int, Runner] | None = None, gather: bool = True,
-                 background: bool = False) -> None:
+                 background: bool = False, observer: StageObserver | None = None) -> None:
         self.recipe = recipe
+        self.observer = observer
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.lanes = recipe.lanes_of(dp_rank, dp_world_size)
@@ -94,6 +116,7 @@ class Loader:
                 self._end_group = weakref.ref(dist.new_group(backend="gloo"))
         self.background = background
         self._thread: threading.Thread | None = None
+        self._unsent: Any = None
         self.step = 0
         self._produced = 0
         self.last_meta: StepMeta | None = None
@@ -107,7 +130,8 @@ class Loader:
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs)
-            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane)
+            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
+                          self.observer)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
@@ -128,19 +152,34 @@ class Loader:
         self._deliver(step)
         return step.rows
 
-    def _advance(self) -> _Step | None:
-        """Run the lanes; a failure leaves the loader unusable rather than silently short."""
+    def _check_usable(self) -> None:
         if self._closed:
             raise RuntimeError("the loader is closed")
         if self._failed is not None:
             raise RuntimeError("the loader stopped on an error at step "
                                f"{self._produced}: {self._failed}; load a checkpoint "
                                "(load_state_dict) to continue") from self._failed
+
+    def _advance(self) -> _Step | None:
+        """Run the lanes; a failure leaves the loader unusable rather than silently short."""
+        self._check_usable()
         try:
             return self._advance_lanes()
         except BaseException as exc:
             self._failed = exc
             raise
+
+    def _pump_lanes(self) -> None:
+        """Pump every lane once; if none could move, wait for a result in flight."""
+        progressed = False
+        for run in self._runs:
+            progressed |= run.pump()
+        if not progressed:
+            heads = [f for run in self._runs for f in run.head_futures()]
+            if not heads:
+                raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
+                                   f"lanes {self.lanes}, step {self._produced}")
+            wait(heads, timeout=60, return_when=FIRST_COMPLETED)
 
     def _advance_lanes(self) -> _Step | None:
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
@@ -151,15 +190,7 @@ class Loader:
         while not (full := all(len(run.rows) >= r for run in self._runs)):
             if any(run.finished and len(run.rows) < r for run in self._runs):
                 break
-            progressed = False
-            for run in self._runs:
-                progressed |= run.pump()
-            if not progressed:
-                heads = [f for run in self._runs for f in run.head_futures()]
-                if not heads:
-                    raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
-                                       f"lanes {self.lanes}, step {self._produced}")
-                wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+            self._pump_lanes()
         if not self._every_rank_has_a_batch(full):
             self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
             return None
@@ -217,6 +248,54 @@ class Loader:
             "held": [o for run in self._runs for o in run.held_origins()],
         }
 
+    def drain(self) -> Drained:
+        """Finish every lane of this rank and take everything it has not delivered.
+
+        With finite data (``recipe.epochs`` set) each lane runs to the end of
+        its data; with endless data each lane stops drawing and finishes what
+        it holds (shuffle buffers, groups in flight, open rows: a last row may
+        be short). Rows a background driver made ahead of the consumer are
+        included, before the lanes' later rows. Every element the lanes drew
+        and no `StepMeta` reported is then in `Drained.rows` or
+        `Drained.drops`, exactly once (guarantee 5).
+
+        The loader is then at its end: `next_rows()` returns None (and
+        iteration stops) until `load_state_dict`; `state_dict()` still
+        describes the last step delivered. Only this rank's lanes take part:
+        no collective call.
+        """
+        self._check_usable()
+        undelivered = [item for item in self._stop_background() if item is not None]
+        for item in undelivered:
+            if isinstance(item, BaseException):
+                raise item
+        r = self.recipe.rows_per_lane
+        per_lane: dict[int, list[Row]] = {lane: [] for lane in self.lanes}
+        for step, _batch in undelivered:
+            for k, lane in enumerate(self.lanes):
+                per_lane[lane] += step.rows[k * r:(k + 1) * r]
+        try:
+            for run in self._runs:
+                if self.recipe.epochs is None:
+                    run.stop_drawing()
+                run.want_rows = 1 << 62
+            while not all(run.finished for run in self._runs):
+                self._pump_lanes()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        rows: list[Row] = []
+        lanes: list[int] = []
+        drops: list[tuple[Origin, str]] = []
+        for run in self._runs:
+            mine = per_lane[run.lane] + [row for row, _ in run.rows]
+            run.rows.clear()
+            rows += mine
+            lanes += [run.lane] * len(mine)
+            drops += [d for row in mine for d in row.drops] + run.pending_drops
+            run.pending_drops = []
+        return Drained(rows, lanes, drops)
+
     def _deliver(self, step: _Step) -> None:
         """The consumer has the step: its snapshots become the loader's state."""
         self._snapshots.update(step.snapshots)
@@ -260,7 +339,10 @@ class Loader:
             while not self._stop.is_set():
                 step = self._advance()
                 item = None if step is None else (step, self._collate(step.rows))
-                while not self._stop.is_set():
+                while True:
+                    if self._stop.is_set():
+                        self._unsent = item  # made, never queued: `drain` still wants it
+                        return
                     try:
                         self._queue.put(item, timeout=0.1)
                         break
@@ -271,17 +353,28 @@ class Loader:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             self._queue.put(exc)
 
-    def _stop_background(self) -> None:
-        """Stop the driver thread and forget what it produced beyond the consumer's step."""
+    def _stop_background(self) -> list[Any]:
+        """Stop the driver thread; return what it made beyond the consumer's step, in order.
+
+        Items are ``(step, batch)``, None (end of data) or the exception that
+        stopped the driver. `drain` uses the steps; the other callers drop them.
+        """
         if self._thread is None:
-            return
+            return []
         self._stop.set()
+        items: list[Any] = []
         while self._thread.is_alive():
             try:
-                self._queue.get(timeout=0.1)
+                items.append(self._queue.get(timeout=0.1))
             except queue.Empty:
                 pass
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        if self._unsent is not None:
+            items.append(self._unsent)
         self._thread = None
+        self._unsent = None
+        return items
 
     # --- checkpoint --------------------------------------------------------
     def local_state_dict(self) -> dict:
@@ -312,12 +405,13 @@ class Loader:
         self._build_lanes(snaps)
 
     # --- lifecycle -----------------------------------------------------------
-    def explain(self) -> str:
+    def explain(self, stats: StageStats | None = None) -> str:
+        """The plan of this rank; with `stats` (the loader's observer), what each stage did."""
         r = self.recipe
         head = (f"recipe {r.name}: L={r.num_lanes} lanes, G={r.global_batch_size} rows/step "
                 f"({r.rows_per_lane} per lane), S={r.seq_len}; rank {self.dp_rank}/"
                 f"{self.dp_world_size} owns lanes {self.lanes[0]}..{self.lanes[-1]}")
-        return head + "\n" + self.plan.explain(len(self.lanes), r.rows_per_lane)
+        return head + "\n" + self.plan.explain(len(self.lanes), r.rows_per_lane, stats)
 
     def close(self) -> None:
         if self._closed:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zephon_core.engine.execution import Execution
+from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import AccumulatorOp, Operator, StageFn, Transform
-from zephon_core.ops.pack import Pack
+from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Stage:
     """One step of the compiled lane pipeline."""
 
     index: int
-    kind: str  # "transform" | "accumulator" | "pack"
+    kind: str  # "transform" | "accumulator" | "combiner"
     ops: list[Operator]
     runner_kind: str = "inline"
     workers: int = 1
@@ -32,17 +32,20 @@ class Stage:
 
 
 class Plan:
-    """Operators compiled into stages: fused transforms, accumulators, and the packer last."""
+    """Operators compiled into stages: fused transforms, accumulators, and the combiner last."""
 
     def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1) -> None:
         names = [o.name for o in ops]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"operator names must be unique; repeated: {sorted(dup)}")
-        if not ops or not isinstance(ops[-1], Pack):
-            raise ConfigError("a pipeline must end with a Pack operator (rows are packed per lane)")
-        if any(isinstance(o, Pack) for o in ops[:-1]):
-            raise ConfigError("only one Pack operator is allowed, at the end")
+        if not ops or not isinstance(ops[-1], CombinerOp):
+            raise ConfigError("a pipeline must end with a CombinerOp that makes the rows per "
+                              "lane, such as Pack(seq_len=...)")
+        extra = [o.name for o in ops[:-1] if isinstance(o, CombinerOp)]
+        if extra:
+            raise ConfigError(f"only the last operator may combine elements into rows; move or "
+                              f"remove {extra}")
         self.ops = ops
         self.execution = execution
         self.stages: list[Stage] = []
@@ -57,16 +60,17 @@ class Plan:
                     self.stages.append(Stage(len(self.stages), "transform", [op], kind, workers))
             elif isinstance(op, AccumulatorOp):
                 self.stages.append(Stage(len(self.stages), "accumulator", [op]))
-            elif isinstance(op, Pack):
-                self.stages.append(Stage(len(self.stages), "pack", [op]))
+            elif isinstance(op, CombinerOp):
+                self.stages.append(Stage(len(self.stages), "combiner", [op]))
             else:
                 raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
-                                  "AccumulatorOp nor a Pack")
+                                  "AccumulatorOp nor a CombinerOp")
         workers = max((s.workers for s in self.stages if s.runner_kind != "inline"), default=1)
         self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
 
     @property
-    def pack(self) -> Pack:
+    def combiner(self) -> CombinerOp:
+        """The last operator, which makes the rows."""
         return self.ops[-1]  # type: ignore[return-value]
 
     def stage_fn(self, stage: Stage) -> StageFn:
@@ -80,11 +84,14 @@ class Plan:
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
-                                     ex.start_method, s.name)
+                                     ex.start_method, s.name, ex.group_timeout)
                 for s in self.stages if s.kind == "transform"}
 
-    def explain(self, lanes: int | None = None, rows_per_lane: int | None = None) -> str:
+    def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,
+                stats: StageStats | None = None) -> str:
+        """The stages in order; with `stats`, under each stage what it was observed doing."""
         ex = self.execution
+        totals = stats.totals() if stats is not None else {}
         lines = ["zephon plan (per lane, in order):"]
         lines.append("  source: pointers from the work source (no I/O)")
         for s in self.stages:
@@ -94,8 +101,14 @@ class Plan:
                 lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
                              f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
                              "per lane]")
-            else:
+            elif s.kind == "accumulator":
                 lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")
+            else:
+                lines.append(f"  stage {s.index}: {s.name} [combiner: makes the rows, per-lane "
+                             "state, driver]")
+            if stats is not None:
+                seen = totals.get(s.index)
+                lines.append("    " + (seen.describe() if seen else "observed: nothing yet"))
         tail = "  tail: lane multiplexer -> local batch in lane order"
         if lanes is not None and rows_per_lane is not None:
             tail += f" ({lanes} lanes x {rows_per_lane} rows per step)"

@@ -5,8 +5,10 @@ the runner never changes the data, only where and when the work happens.
 
 The process pool is ours rather than `concurrent.futures`' because it must
 (1) move arrays through shared memory both ways, (2) restart a worker that
-dies and re-run its groups without breaking the pool, and (3) on `close()`
-leave no process and no shared-memory segment behind.
+dies, or hangs past the group deadline, and re-run its groups without
+breaking the pool, (3) on `close()` leave no process and no shared-memory
+segment behind, and (4) leave none either when the driver itself is killed:
+workers watch their parent and remove the pool's files once it is gone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import threading
+import time
 import traceback
 import uuid
 import weakref
@@ -87,17 +91,34 @@ class ThreadRunner(Runner):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str) -> None:
+#: how often an idle worker checks that its driver still exists
+PARENT_POLL_S = 0.5
+
+
+def _driver_alive(conn: Connection, parent: int) -> bool:
+    """Wait for a message; False once the driver is gone.
+
+    The pipe alone is not enough: a process the driver forked may hold the
+    driver's end open after the driver dies, so the parent PID is watched too.
+    """
+    while not conn.poll(PARENT_POLL_S):
+        if os.getppid() != parent:
+            return False
+    return True
+
+
+def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
     """Worker process loop: receive a group, run the stage, send results via shm."""
+    parent = os.getppid()
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
-    pool = shm.SegmentPool(prefix)
+    pool = shm.SegmentPool(prefix, pool_bytes)
     conn.send(("ready", -1, None))
-    while True:
+    while _driver_alive(conn, parent):
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            return
+            break
         if msg is None:
             pool.close()
             return
@@ -113,35 +134,72 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str) -> None:
             except Exception:  # noqa: BLE001
                 err = RuntimeError("".join(traceback.format_exception(exc)))
             reply = ("err", task_id, err)
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            break
+    pool.close()
+    shm.abandon(prefix)
 
 
 class _Task:
-    __slots__ = ("id", "packed", "future", "attempts", "elements_hint")
+    __slots__ = ("id", "packed", "future", "attempts", "overdue", "samples")
 
-    def __init__(self, task_id: int, packed: shm.Packed, future: Future, hint: str) -> None:
+    def __init__(self, task_id: int, packed: shm.Packed, future: Future, samples: str) -> None:
         self.id = task_id
         self.packed = packed
         self.future = future
         self.attempts = 0
-        self.elements_hint = hint
+        self.overdue = 0
+        self.samples = samples
+
+
+def _death_cause(exitcode: int | None) -> str:
+    """Why a worker ended, in words that point at the likely culprit."""
+    if exitcode is None or exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    if exitcode == -signal.SIGKILL:
+        return f"was killed by {name} (likely out of memory: the kernel's OOM killer)"
+    if exitcode == -signal.SIGBUS:
+        return (f"was killed by {name}: shared memory ran out (/dev/shm: {shm.space()}), "
+                "not a bad sample")
+    return f"was killed by {name}"
+
+
+def _advice(exitcode: int | None) -> str:
+    if exitcode == -signal.SIGKILL:
+        return "use fewer workers or give the job more memory (see `dmesg` for the OOM killer)"
+    if exitcode == -signal.SIGBUS:
+        return ("give /dev/shm more room (docker run --shm-size=8g), or use fewer workers")
+    return ""
 
 
 class ProcessRunner(Runner):
-    """A pool of worker processes running one fused stage; one dispatcher thread feeds it."""
+    """A pool of worker processes running one fused stage; one dispatcher thread feeds it.
+
+    `group_timeout` (seconds, None: none) bounds how long a worker may work on
+    one group: past it the worker is killed and replaced and its groups re-run.
+    """
 
     kind = "processes"
     per_worker_inflight = 2
 
     def __init__(self, fn: StageFn, workers: int, start_method: str = "spawn",
-                 name: str = "stage") -> None:
+                 name: str = "stage", group_timeout: float | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"stage {name}: processes runner needs workers >= 1")
         self.name = name
         self.workers = workers
+        self.group_timeout = group_timeout
         self._ctx = mp.get_context(start_method)
         shm.sweep_orphans()
         self.prefix = f"zephon-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+        self._owner = shm.OwnerLock(self.prefix) if shm.available() else None
+        self.pool_bytes = self._size_pools()
         self._fn_bytes = pickle.dumps(fn)
         self._lock = threading.Lock()
         self._pending: deque[_Task] = deque()
@@ -151,7 +209,11 @@ class ProcessRunner(Runner):
         self._procs: list[Any] = [None] * workers
         self._conns: list[Connection | None] = [None] * workers
         self._assigned: list[deque[_Task]] = [deque() for _ in range(workers)]
+        # when each worker began its current group (None: idle or still starting)
+        self._busy_since: list[float | None] = [None] * workers
         self.restarts = 0
+        #: messages sent pickled through the pipe because /dev/shm had no room
+        self.pickled = 0
         self._early_deaths = 0
         self._broken = ""
         self._answered = [False] * workers
@@ -164,15 +226,32 @@ class ProcessRunner(Runner):
         self._thread.start()
         _LIVE.add(self)
 
+    def _size_pools(self) -> int:
+        """Each worker's answer pool, sized from what /dev/shm has free now."""
+        if not shm.available():
+            return 0
+        space = shm.space()
+        size = shm.pool_bytes(self.workers, space.free)
+        if size < shm.MIN_POOL_BYTES:
+            need = int(self.workers * shm.MIN_POOL_BYTES / shm.POOL_SHARE)
+            log.warning("zephon: stage %s: /dev/shm has %s; %d workers want %.0f MiB for "
+                        "their answer pools, so answers will travel slower (one-shot files, "
+                        "or pickled when /dev/shm is full). Fix: give /dev/shm more room "
+                        "(docker run --shm-size=8g) or use fewer workers",
+                        self.name, space, self.workers, need / (1 << 20))
+        return size
+
     def _start_worker(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self._fn_bytes, self.prefix),
+        p = self._ctx.Process(target=_worker_main,
+                              args=(child, self._fn_bytes, self.prefix, self.pool_bytes),
                               name=f"zephon-{self.name}-{i}", daemon=True)
         p.start()
         child.close()
         self._procs[i] = p
         self._conns[i] = parent
         self._answered[i] = False
+        self._busy_since[i] = None
 
     @property
     def pids(self) -> list[int]:
@@ -181,15 +260,29 @@ class ProcessRunner(Runner):
     def submit(self, elements: list[Element]) -> Future:
         fut: Future = Future()
         packed = shm.pack(elements, self.prefix)
-        hint = ", ".join(e.origin.where() for e in elements[:3] if e.origin is not None)
+        self._count_pickled([packed])
+        samples = "; ".join(e.origin.where() for e in elements if e.origin is not None)
         with self._lock:
             if self._closed or self._broken:
                 shm.discard(packed)
                 raise RuntimeError(self._broken or f"runner {self.name} is closed")
-            self._pending.append(_Task(self._next_id, packed, fut, hint))
+            self._pending.append(_Task(self._next_id, packed, fut, samples or "?"))
             self._next_id += 1
         self._wake_w.send_bytes(b"x")
         return fut
+
+    def _count_pickled(self, items: list[Any]) -> None:
+        n = sum(1 for p in items if isinstance(p, shm.Packed) and p.pickled)
+        if not n:
+            return
+        with self._lock:
+            first = not self.pickled
+            self.pickled += n
+        if first:
+            log.warning("zephon: stage %s: /dev/shm is full (%s); messages that do not fit "
+                        "travel pickled through the pipe (slower). Fix: give /dev/shm more "
+                        "room (docker run --shm-size=8g) or use fewer workers",
+                        self.name, shm.space())
 
     def _released_for(self, pid: int) -> list[str]:
         """Pooled files of worker `pid` that it may reuse (a dead worker's files are gone)."""
@@ -207,6 +300,8 @@ class ProcessRunner(Runner):
                 while self._pending and len(self._assigned[i]) < self.per_worker_inflight:
                     task = self._pending.popleft()
                     task.attempts += 1
+                    if not self._assigned[i] and self._answered[i]:
+                        self._busy_since[i] = time.monotonic()
                     self._assigned[i].append(task)
                     released = self._released_for(self._procs[i].pid)
                     try:
@@ -214,15 +309,27 @@ class ProcessRunner(Runner):
                     except (BrokenPipeError, OSError):
                         break
 
+    def _wait_s(self) -> float:
+        """How long the dispatcher may sleep: 1 s, or until the next group deadline."""
+        if self.group_timeout is None:
+            return 1.0
+        starts = [t for t in self._busy_since if t is not None]
+        if not starts:
+            return 1.0
+        return min(1.0, max(0.01, min(starts) + self.group_timeout - time.monotonic()))
+
     def _dispatch(self) -> None:
         while True:
             self._assign()
             with self._lock:
                 if self._closed:
                     return
-                conns = [c for c in self._conns if c is not None]
-                sentinels = [p.sentinel for p in self._procs if p is not None]
-            ready = wait([self._wake_r, *conns, *sentinels], timeout=1.0)
+                # a worker given up on (broken pool) has its pipe closed: not watched
+                live = [(c, p) for c, p in zip(self._conns, self._procs, strict=True)
+                        if c is not None and not c.closed]
+                conns = [c for c, _ in live]
+                sentinels = [p.sentinel for _, p in live]
+            ready = wait([self._wake_r, *conns, *sentinels], timeout=self._wait_s())
             for obj in ready:
                 if obj is self._wake_r:
                     while self._wake_r.poll():
@@ -230,8 +337,19 @@ class ProcessRunner(Runner):
                 elif isinstance(obj, Connection):
                     self._receive(obj)
             for i, p in enumerate(self._procs):
-                if not self._broken and not p.is_alive() and not self._closed:
+                if self._broken or self._closed:
+                    break
+                if not p.is_alive():
                     self._restart(i)
+                elif self._overdue(i):
+                    p.kill()
+                    p.join(timeout=5)
+                    self._restart(i, overdue=True)
+
+    def _overdue(self, i: int) -> bool:
+        since = self._busy_since[i]
+        return (self.group_timeout is not None and since is not None
+                and time.monotonic() - since > self.group_timeout)
 
     def _receive(self, conn: Connection) -> bool:
         """Take one answer from a worker; False when its pipe is closed (the worker died)."""
@@ -243,12 +361,16 @@ class ProcessRunner(Runner):
         if status == "ready":
             self._answered[i] = True
             self._early_deaths = 0
+            if self._assigned[i]:
+                self._busy_since[i] = time.monotonic()
             return True
         with self._lock:
             task = self._assigned[i].popleft()
+            self._busy_since[i] = time.monotonic() if self._assigned[i] else None
         assert task.id == task_id, "worker answered out of order"
         shm.discard(task.packed)
         if status == "ok":
+            self._count_pickled(getattr(payload, "items", [payload]))
             try:
                 task.future.set_result(shm.unpack(payload, self._released.append))
             except BaseException as exc:  # noqa: BLE001
@@ -257,40 +379,41 @@ class ProcessRunner(Runner):
             task.future.set_exception(payload)
         return True
 
-    def _restart(self, i: int) -> None:
-        """A worker died: re-run its groups on a fresh worker, unless they keep killing it."""
+    def _restart(self, i: int, overdue: bool = False) -> None:
+        """A worker died or overran the deadline: re-run its groups on a fresh worker,
+        unless they keep killing (or hanging) it."""
         p = self._procs[i]
-        log.warning("zephon: worker %s of stage %s died (exit code %s); restarting it",
-                    p.pid, self.name, p.exitcode)
         self.restarts += 1
         conn = self._conns[i]
-        while conn.poll() and self._receive(conn):
-            pass
+        if not overdue:
+            while conn.poll() and self._receive(conn):
+                pass
         started = self._answered[i]
-        if not started:
-            self._early_deaths += 1
+        why = (f"ran past group_timeout ({self.group_timeout:g} s) and was killed" if overdue
+               else _death_cause(p.exitcode))
         with self._lock:
             lost = list(self._assigned[i])
             self._assigned[i].clear()
-            if not started:  # it died setting up, not on these groups
+        where = (f"on the group of samples {lost[0].samples}" if lost and started
+                 else "while starting" if not started else "between groups")
+        log.warning("zephon: stage %s: worker %s %s %s; replacing it", self.name, p.pid, why,
+                    where)
+        if not started:
+            self._early_deaths += 1
+        with self._lock:
+            if overdue and lost:
+                lost[0].overdue += 1
+            if not started or overdue:  # not these groups' doing (a hang is counted apart)
                 for task in lost:
                     task.attempts -= 1
             if self._early_deaths >= MAX_ATTEMPTS * self.workers:
                 lost += list(self._pending)
                 self._pending.clear()
-                self._broken = (f"stage {self.name}: worker processes keep dying while they "
-                                f"start (exit code {p.exitcode}); the stage cannot start in a "
-                                "worker process (is the script guarded by `if __name__ == "
-                                "'__main__':`? are its operators importable and picklable?)")
+                self._broken = self._start_failure(p.exitcode)
             for task in reversed(lost):
-                if self._broken:
-                    task.future.set_exception(RuntimeError(self._broken))
-                    shm.discard(task.packed)
-                elif task.attempts >= MAX_ATTEMPTS:
-                    task.future.set_exception(RuntimeError(
-                        f"stage {self.name}: a worker died {task.attempts} times on the group "
-                        f"starting at {task.elements_hint}; the sample crashes the process "
-                        "(check it, or drop it with a filter)"))
+                error = self._broken or self._group_failure(task, p.exitcode)
+                if error:
+                    task.future.set_exception(RuntimeError(error))
                     shm.discard(task.packed)
                 else:
                     self._pending.appendleft(task)
@@ -299,6 +422,31 @@ class ProcessRunner(Runner):
         self._free_by_pid.pop(p.pid, None)
         if not self._broken:
             self._start_worker(i)
+
+    def _start_failure(self, exitcode: int | None) -> str:
+        head = (f"stage {self.name}: worker processes keep dying while they start (the "
+                f"last one {_death_cause(exitcode)})")
+        if exitcode in (-signal.SIGKILL, -signal.SIGBUS):
+            return f"{head}; {_advice(exitcode)}"
+        return (f"{head}; the stage cannot start in a worker process (is the script guarded "
+                "by `if __name__ == '__main__':`? are its operators importable and "
+                "picklable?)")
+
+    def _group_failure(self, task: _Task, exitcode: int | None) -> str:
+        """The error that ends a group's retries, or "" while it may run again."""
+        if task.overdue >= MAX_ATTEMPTS:
+            return (f"stage {self.name}: {task.overdue} workers in a row ran past "
+                    f"group_timeout ({self.group_timeout:g} s) on the group of samples "
+                    f"{task.samples}; one of them hangs the operator (check it, drop it "
+                    "with a filter, or raise Execution.group_timeout if such groups are "
+                    "only slow)")
+        if task.attempts < MAX_ATTEMPTS:
+            return ""
+        advice = _advice(exitcode) or "check the samples, or drop the culprit with a filter"
+        blame = ("" if exitcode in (-signal.SIGKILL, -signal.SIGBUS)
+                 else "; a sample crashes the process")
+        return (f"stage {self.name}: a worker died {task.attempts} times on the group of "
+                f"samples {task.samples} (it {_death_cause(exitcode)}){blame}; {advice}")
 
     def close(self) -> None:
         with self._lock:
@@ -327,6 +475,8 @@ class ProcessRunner(Runner):
         self._wake_r.close()
         self._wake_w.close()
         shm.remove_leftovers(self.prefix)
+        if self._owner is not None:
+            self._owner.release()
         _LIVE.discard(self)
 
 
@@ -339,11 +489,12 @@ def _close_all() -> None:
         r.close()
 
 
-def make_runner(kind: str, fn: StageFn, workers: int, start_method: str, name: str) -> Runner:
+def make_runner(kind: str, fn: StageFn, workers: int, start_method: str, name: str,
+                group_timeout: float | None = None) -> Runner:
     if kind == "inline":
         return InlineRunner(fn)
     if kind == "threads":
         return ThreadRunner(fn, workers)
     if kind == "processes":
-        return ProcessRunner(fn, workers, start_method, name)
+        return ProcessRunner(fn, workers, start_method, name, group_timeout)
     raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")

@@ -12,15 +12,28 @@ through a `SegmentPool`: files they keep mapped and reuse, one per document
 of an answer. The receiver maps a pooled file without unlinking it and
 reports it free (`on_release`) only once every array viewing it is gone, so
 a file is never rewritten while anyone can still read it.
+
+Writing into a mapping of a full tmpfs kills the writer with SIGBUS, so every
+file's pages are reserved (`posix_fallocate`) before it is mapped: a full
+/dev/shm raises ENOSPC instead, and that message travels pickled through the
+pipe (`Packed.pickled`), slower but correct.
+
+A pool's files are owned by a lock file (``<pool prefix>lock``) its driver
+holds with `flock`: the lock is tied to the open file, not to a PID, so a job
+in another PID namespace sharing /dev/shm can tell a live pool from a dead
+one (`sweep_orphans`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import itertools
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +58,34 @@ class Packed(NamedTuple):
     segment: str | None
     size: int
     pooled: bool = False
+    #: the arrays are in `body`, pickled: /dev/shm had no room for them
+    pickled: bool = False
+
+
+class ShmSpace(NamedTuple):
+    free: int
+    total: int
+
+    def __str__(self) -> str:
+        return f"{_mib(self.free)} free of {_mib(self.total)}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def space() -> ShmSpace:
+    """What /dev/shm has now (0 of 0 where it is missing)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return ShmSpace(0, 0)
+    return ShmSpace(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+
+
+def is_full(exc: BaseException) -> bool:
+    """True for the error of a /dev/shm without room (space or inodes)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def available() -> bool:
@@ -108,20 +149,43 @@ def _write(mm: mmap.mmap, arrays: list[np.ndarray]) -> None:
 
 
 def pack(obj: Any, prefix: str) -> Packed:
-    """Replace large arrays in `obj` by references into one new shared-memory file."""
+    """Replace large arrays in `obj` by references into one new shared-memory file
+    (left in place, pickled, when /dev/shm is full)."""
     if not available():
         return Packed(obj, None, 0)
     body, arrays, size = _collect(obj)
     if not arrays:
         return Packed(obj, None, 0)
-    return _one_shot(body, arrays, size, prefix)
+    try:
+        return _one_shot(body, arrays, size, prefix)
+    except OSError as exc:
+        if not is_full(exc):
+            raise
+        return Packed(obj, None, 0, pickled=True)
+
+
+def _create(name: str, size: int) -> int:
+    """A new file of `size` reserved bytes; ENOSPC here, never SIGBUS at a later write."""
+    path = SHM_DIR / name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    return fd
 
 
 def _one_shot(body: Any, arrays: list[np.ndarray], size: int, prefix: str) -> Packed:
     name = f"{prefix}{os.getpid()}-{next(_counter)}"
-    fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fd = _create(name, size)
     try:
-        os.ftruncate(fd, size)
         with mmap.mmap(fd, size) as mm:
             _write(mm, arrays)
     finally:
@@ -141,12 +205,14 @@ class SegmentPool:
 
     The files take at most `max_bytes`; when that is all still held by the
     receiver, an item falls back to a one-shot file, so a slow receiver costs
-    speed, never correctness.
+    speed, never correctness. When /dev/shm itself is full the pool stops
+    growing and the item travels pickled.
     """
 
     GRAIN = 1 << 18
+    MAX_BYTES = 512 << 20
 
-    def __init__(self, prefix: str, max_bytes: int = 512 << 20) -> None:
+    def __init__(self, prefix: str, max_bytes: int = MAX_BYTES) -> None:
         self.base = prefix
         self.prefix = f"{prefix}{os.getpid()}-p"
         self.max_bytes = max_bytes
@@ -168,9 +234,15 @@ class SegmentPool:
         body, arrays, size = _collect(obj)
         if not arrays:
             return Packed(obj, None, 0)
-        name = self._take(size)
-        if name is None:
-            return _one_shot(body, arrays, size, self.base)
+        try:
+            name = self._take(size)
+            if name is None:
+                return _one_shot(body, arrays, size, self.base)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            self.max_bytes = self.bytes
+            return Packed(obj, None, 0, pickled=True)
         _write(self._maps[name], arrays)
         return Packed(body, name, size, pooled=True)
 
@@ -189,9 +261,8 @@ class SegmentPool:
         if self.bytes + need > self.max_bytes:
             return None
         name = f"{self.prefix}{next(self._ids)}"
-        fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = _create(name, need)
         try:
-            os.ftruncate(fd, need)
             self._maps[name] = mmap.mmap(fd, need)
         finally:
             os.close(fd)
@@ -307,29 +378,110 @@ def remove_leftovers(prefix: str) -> int:
         return 0
     n = 0
     for p in SHM_DIR.glob(f"{prefix}*"):
-        p.unlink(missing_ok=True)
-        n += 1
+        if p.name != f"{prefix}{LOCK}":
+            p.unlink(missing_ok=True)
+            n += 1
     return n
 
 
-def sweep_orphans(prefix: str = "zephon-") -> int:
-    """Unlink segments left by pools whose owning process no longer exists (it was killed).
+def abandon(prefix: str, wait_s: float = 2.0) -> None:
+    """The driver of pool `prefix` is gone: remove its segments, and its lock once free.
 
-    Pool prefixes are ``zephon-<owner pid>-<id>-``; a segment whose owner is
-    gone can never be received.
+    A dying process closes its files one by one, so its lock may still be held
+    for a moment after its pipe reads EOF: the lock is retried for `wait_s`.
+    """
+    if not available():
+        return
+    remove_leftovers(prefix)
+    lock = SHM_DIR / f"{prefix}{LOCK}"
+    deadline = time.monotonic() + wait_s
+    while not _lock_is_free(lock):
+        if time.monotonic() > deadline:
+            return  # still held (a forked worker shares it): the next sweep removes it
+        time.sleep(0.02)
+    lock.unlink(missing_ok=True)
+
+
+#: share of the free space of /dev/shm the answer pools of one process runner may take:
+#: the rest is for requests, answers that did not fit a pool, and other jobs
+POOL_SHARE = 0.5
+#: below this pool size per worker, answers mostly travel one-shot or pickled (slow)
+MIN_POOL_BYTES = 16 << 20
+
+
+def pool_bytes(workers: int, free: int) -> int:
+    """Per-worker pool cap, so that the pools of `workers` fit what /dev/shm has free."""
+    fit = int(free * POOL_SHARE) // max(1, workers)
+    return min(SegmentPool.MAX_BYTES, fit // SegmentPool.GRAIN * SegmentPool.GRAIN)
+
+
+LOCK = "lock"
+
+
+class OwnerLock:
+    """The lock file that marks a pool's segments as owned by a live process.
+
+    The driver holds an exclusive `flock` on ``<prefix>lock`` for the pool's
+    life. The file is locked under a hidden name and then renamed into place,
+    so a sweeper never sees it unlocked while its owner lives.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.path = SHM_DIR / f"{prefix}{LOCK}"
+        tmp = SHM_DIR / f".{prefix}{LOCK}"
+        self.fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(self.fd)
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _lock_is_free(path: Path) -> bool:
+    """True when nobody holds `path`'s flock (its owner is gone); False while one does."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return True
+
+
+def sweep_orphans(prefix: str = "zephon-") -> int:
+    """Unlink segments left by pools whose owner is gone (it was killed).
+
+    Pool prefixes are ``zephon-<owner pid>-<id>-``. A pool is an orphan when
+    its lock file can be locked: that holds across PID namespaces, where the
+    PID in the name means nothing. A pool without a lock file is left alone:
+    it belongs to an older version, whose owner cannot be told apart from a
+    live process in another namespace.
     """
     if not available():
         return 0
-    n = 0
+    pools: dict[str, list[Path]] = {}
     for p in SHM_DIR.glob(f"{prefix}*"):
-        owner = p.name[len(prefix):].split("-", 1)[0]
-        if not owner.isdigit():
+        parts = p.name[len(prefix):].split("-", 2)
+        if len(parts) == 3 and parts[0].isdigit():
+            pools.setdefault(f"{prefix}{parts[0]}-{parts[1]}-", []).append(p)
+    n = 0
+    for pool, files in pools.items():
+        lock = SHM_DIR / f"{pool}{LOCK}"
+        if not lock.exists() or not _lock_is_free(lock):
             continue
-        try:
-            os.kill(int(owner), 0)
-        except ProcessLookupError:
+        for p in sorted(files, key=lambda p: p == lock):  # the lock last
             p.unlink(missing_ok=True)
             n += 1
-        except PermissionError:
-            pass
     return n

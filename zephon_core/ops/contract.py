@@ -1,18 +1,20 @@
 """The operator contract.
 
-An operator is either a **transform** (stateless: `process_many` is a pure
-function of its input elements, so any number of workers may run it on any
-grouping) or an **accumulator** (stateful, one instance per lane, sees the
-lane's elements in order and decides groupings). Accumulators keep only
-*origins* in their checkpointed state; payloads are recomputed from origins on
-restore, so restore cost is bounded by what was buffered.
+An operator is a **transform** (stateless: `process_many` is a pure function
+of its input elements, so any number of workers may run it on any grouping),
+an **accumulator** (stateful, one instance per lane, sees the lane's elements
+in order, may reorder or hold them but keeps each one whole), or the
+**combiner** that ends every pipeline (stateful, one per lane, combines
+elements into rows: `Pack`, or any other `CombinerOp`). Stateful operators
+keep only *origins* in their checkpointed state; payloads are recomputed from
+origins on restore, so restore cost is bounded by what was buffered.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.errors import BadSampleError, ConfigError
@@ -79,6 +81,91 @@ class AccumulatorOp(Operator):
 
     @abstractmethod
     def make(self, lane: int, seed: int) -> Accumulator: ...
+
+
+@dataclass
+class Segment:
+    """Tokens ``[start, end)`` of one element (its `payload["tokens"]`) placed in a row."""
+
+    origin: Origin
+    payload: Any
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Row:
+    """One training sequence before collation; `drops` are decisions recorded with it.
+
+    A combiner fills `segments`; the lane sets `drops` (the drops decided
+    since the lane's previous row) when it takes the row.
+    """
+
+    segments: list[Segment]
+    drops: list[tuple[Origin, str]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+class Combiner(ABC):
+    """Per-lane state of the pipeline's last operator: elements in, rows out.
+
+    The lane calls `push` once per element that reaches it, in the lane's
+    element order, and takes every ready row with `pop_row` after each push;
+    when the lane's data ends it calls `flush` and takes the rest. Rows must
+    depend only on the elements pushed and their order (never on timing), and
+    every element must end up in row segments or be refused: exactly once
+    (guarantee 5) is the combiner's half of the contract.
+
+    The lane takes a snapshot between pushes: `state` must then describe the
+    held elements (open rows and rows not yet popped) by origin only, so that
+    `restore` rebuilds them with payloads recomputed by `recompute(origins)`.
+    """
+
+    @abstractmethod
+    def push(self, origin: Origin, payload: Any) -> Dropped | None:
+        """Absorb one element; a `Dropped` refuses it (the lane records the reason)."""
+
+    @abstractmethod
+    def pop_row(self) -> Row | None:
+        """The oldest finished row, or None when no row is ready."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """End of the lane's data: turn every partly filled row into a ready row."""
+
+    @abstractmethod
+    def state(self) -> dict:
+        """JSON state; elements appear as origins (lists of ints) only."""
+
+    @abstractmethod
+    def held_origins(self) -> list[Origin]:
+        """Origins of the elements it holds (each once), in open or ready rows."""
+
+    @abstractmethod
+    def restore(self, state: dict, recompute: Recompute) -> None:
+        """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
+
+
+class CombinerOp(Operator):
+    """The operator that ends every pipeline: a `Combiner` per lane makes its rows.
+
+    A subclass sets `seq_len` (tokens per row: the recipe's `S`, the width of
+    the batch tensors) and `pad_id` (the token that fills a row's unused
+    positions in the default collate). Both belong in `settings()`.
+    """
+
+    seq_len: int
+    pad_id: int = 0
+
+    @abstractmethod
+    def make(self, lane: int, seed: int) -> Combiner: ...
 
 
 class Map(Transform):

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import Operator, Recompute
+from zephon_core.ops.contract import Combiner, CombinerOp, Recompute, Row, Segment
 from zephon_core.records import Dropped, Origin
 
 MODES = ("first_fit", "best_fit")
@@ -29,32 +28,12 @@ OVERLONG = ("split", "truncate", "drop")
 IGNORE_INDEX = -100
 
 
-@dataclass
-class Segment:
-    origin: Origin
-    payload: Any
-    start: int
-    end: int
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
+__all__ = ["IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "Packer", "Row", "Segment",
+           "text_row_arrays"]
 
 
-@dataclass
-class Row:
-    """One packed training sequence before collation; `drops` are decisions recorded with it."""
-
-    segments: list[Segment]
-    drops: list[tuple[Origin, str]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.length for s in self.segments)
-
-
-class Pack(Operator):
-    """Pack documents into rows of `seq_len` tokens, per lane."""
+class Pack(CombinerOp):
+    """Pack documents into rows of `seq_len` tokens, per lane (the usual combiner)."""
 
     def __init__(self, seq_len: int, mode: str = "best_fit", max_open_bins: int = 4,
                  overlong: str = "split", limits: dict[str, int] | None = None,
@@ -90,7 +69,7 @@ class _Bin:
         return self.used.get("tokens", 0)
 
 
-class Packer:
+class Packer(Combiner):
     """The per-lane state of `Pack`."""
 
     def __init__(self, op: Pack) -> None:
@@ -162,6 +141,7 @@ class Packer:
             self.ready.append(self.bins.pop(0).segments)
 
     def pop_row(self) -> Row | None:
+        """The oldest closed bin as a row (bins close when full, evicted, or flushed)."""
         return Row(self.ready.popleft()) if self.ready else None
 
     # --- checkpoint -------------------------------------------------------

@@ -11,8 +11,8 @@ import torch
 
 from zephon_core.data.sources import Dataset, ShuffleSettings
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import Operator
-from zephon_core.ops.pack import Pack, Row, text_row_arrays
+from zephon_core.ops.contract import CombinerOp, Operator, Row
+from zephon_core.ops.pack import text_row_arrays
 
 
 class TextCollate:
@@ -35,7 +35,7 @@ Collate = Callable[[list[Row]], dict[str, Any]]
 
 @dataclass
 class Recipe:
-    """Datasets, operators (ending with `Pack`), batch geometry and seed.
+    """Datasets, operators (ending with a `CombinerOp` such as `Pack`), batch geometry and seed.
 
     `global_batch_size` rows per step, `num_lanes` lanes (`L`), so each lane
     gives `global_batch_size // num_lanes` rows per step.
@@ -54,8 +54,13 @@ class Recipe:
     def __post_init__(self) -> None:
         if not self.datasets:
             raise ConfigError("a recipe needs at least one dataset")
-        if not self.ops or not isinstance(self.ops[-1], Pack):
-            raise ConfigError("a recipe's operators must end with Pack(seq_len=...)")
+        if not self.ops or not isinstance(self.ops[-1], CombinerOp):
+            raise ConfigError("a recipe's operators must end with a CombinerOp that makes rows, "
+                              "such as Pack(seq_len=...)")
+        seq_len = getattr(self.ops[-1], "seq_len", None)
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ConfigError(f"the combiner {self.ops[-1].name!r} must set seq_len (tokens per "
+                              f"row) to a positive int, got {seq_len!r}")
         if self.num_lanes < 1:
             raise ConfigError(f"num_lanes must be >= 1, got {self.num_lanes}")
         if self.global_batch_size < 1 or self.global_batch_size % self.num_lanes:
@@ -63,11 +68,16 @@ class Recipe:
                 f"global_batch_size ({self.global_batch_size}) must be a positive multiple of "
                 f"num_lanes ({self.num_lanes}): each lane gives the same number of rows per step")
         if self.collate is None:
-            self.collate = TextCollate(self.seq_len, self.ops[-1].pad_id)
+            self.collate = TextCollate(self.seq_len, self.combiner.pad_id)
+
+    @property
+    def combiner(self) -> CombinerOp:
+        """The last operator, which makes the rows."""
+        return self.ops[-1]  # type: ignore[return-value]
 
     @property
     def seq_len(self) -> int:
-        return self.ops[-1].seq_len  # type: ignore[attr-defined]
+        return self.combiner.seq_len
 
     @property
     def rows_per_lane(self) -> int:

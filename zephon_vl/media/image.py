@@ -40,7 +40,9 @@ from zephon_core.errors import BadSampleError, ConfigError
 __all__ = [
     "ImageSettings",
     "VisionPatches",
+    "decode_rgb",
     "normalize_patches",
+    "open_image",
     "patch_rows",
     "patchify",
     "pillow_backend",
@@ -360,7 +362,7 @@ def resize_rgb(img: Image.Image, th: int, tw: int, settings: ImageSettings) -> n
     return np.asarray(img)
 
 
-def _open(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
+def open_image(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
     """Open lazily (header only) and refuse bombs before any pixel is decoded."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise ConfigError(
@@ -424,15 +426,31 @@ def process_image(data: bytes, settings: ImageSettings, where: str = "?",
     `one_frame`: rows of one frame, to be repeated by `patch_rows` (see `finish_patches`).
     """
     warn_if_not_simd()
-    img = _open(data, settings, where)
+    img = open_image(data, settings, where)
     orientation = _orientation(img, settings)
     w, h = img.size
     if orientation in _SWAPS_SIDES:
         w, h = h, w
     th, tw = target_size(h, w, settings, where)
+    arr = resize_rgb(decode_rgb(img, th, tw, settings, where), th, tw, settings)
+    return finish_patches(arr[None], settings, one_frame)
+
+
+def decode_rgb(img: Image.Image, th: int, tw: int, settings: ImageSettings,
+               where: str) -> Image.Image:
+    """Decode an `open_image` result to RGB, for a resize to (th, tw) next.
+
+    With `settings.draft`, a JPEG at least twice the target on each side is
+    decoded at a reduced DCT scale. The image is then turned upright by its EXIF
+    orientation (`settings.exif_transpose`), so (th, tw) is the upright size.
+    A decode failure raises BadSampleError.
+    """
+    orientation = _orientation(img, settings)
+    sw, sh = (th, tw) if orientation in _SWAPS_SIDES else (tw, th)
+    w, h = img.size
     try:
-        if settings.draft and img.format in ("JPEG", "MPO") and 2 * tw <= w and 2 * th <= h:
-            img.draft("RGB", (th, tw) if orientation in _SWAPS_SIDES else (tw, th))
+        if settings.draft and img.format in ("JPEG", "MPO") and 2 * sw <= w and 2 * sh <= h:
+            img.draft("RGB", (sw, sh))
         img.load()  # force the lazy decode here so truncation surfaces now
         if orientation != 1:
             img = ImageOps.exif_transpose(img)
@@ -443,5 +461,4 @@ def process_image(data: bytes, settings: ImageSettings, where: str = "?",
         raise BadSampleError("corrupt_image", where, f"{type(e).__name__}: {e}") from None
     if rgb.width < 1 or rgb.height < 1:
         raise BadSampleError("image_too_small", where, f"decoded {rgb.width}x{rgb.height}")
-    arr = resize_rgb(rgb, th, tw, settings)
-    return finish_patches(arr[None], settings, one_frame)
+    return rgb

@@ -1,0 +1,79 @@
+"""Worker functions and driver scripts of the chaos tests (tests/core/test_chaos.py).
+
+Process workers unpickle these by module name, so they live at module level
+in a module that imports only numpy and zephon_core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from zephon_core.ops.contract import Map, StageFn
+from zephon_core.records import Element, Origin
+
+
+def big(x: int) -> np.ndarray:
+    """An answer large enough to travel through a pooled shared-memory file."""
+    return np.full(200_000, x % 251, dtype=np.uint8)
+
+
+def hang_on_13(x: int) -> int:
+    """Never returns on element 13: a hung operator."""
+    if x == 13:
+        time.sleep(3600)
+    return x
+
+
+def sigbus_always(x: int) -> int:
+    """Dies as a worker writing into a full tmpfs mapping does."""
+    os.kill(os.getpid(), signal.SIGBUS)
+    return x
+
+
+class SlowStart(Map):
+    """A Map whose setup takes long (a model load): its workers stay "starting"."""
+
+    def setup(self) -> None:
+        time.sleep(60)
+
+
+def elements(start: int, n: int) -> list[Element]:
+    return [Element(i, i, Origin(i, 0, 1, i, 0)) for i in range(start, start + n)]
+
+
+def stage(fn: Any) -> StageFn:
+    return StageFn([Map(fn, name="chaos")])
+
+
+def hold_pool() -> None:
+    """A driver for the driver-SIGKILL test: a pool with answers held in pooled files.
+
+    Prints one JSON line (the pool's prefix and its workers), then waits to be killed.
+    """
+    from zephon_core.engine.runners import ProcessRunner
+
+    runner = ProcessRunner(stage(big), workers=2, name="held")
+    held = [runner.submit(elements(i, 2)).result(timeout=60) for i in range(0, 12, 2)]
+    print(json.dumps({"prefix": runner.prefix, "pids": runner.pids, "held": len(held)}),
+          flush=True)
+    time.sleep(120)
+    sys.exit(1)  # only reached if the test failed to kill this process
+
+
+def second_pool() -> None:
+    """Start and close a pool (it sweeps orphans at start): run in another PID namespace."""
+    from zephon_core.engine.runners import ProcessRunner
+
+    runner = ProcessRunner(stage(big), workers=1, name="neighbour")
+    try:
+        assert runner.submit(elements(0, 1)).result(timeout=60)[0][0] == 0
+    finally:
+        runner.close()
+    print(json.dumps({"pid": os.getpid()}), flush=True)
