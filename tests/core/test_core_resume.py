@@ -52,6 +52,18 @@ def test_resume_on_every_rank_count(D, D2):
     assert resumed_digests(SPEC, D, D2, k, steps) == ref[k:]
 
 
+@pytest.mark.parametrize(("ex", "ex2"), [
+    # saved with every transform fused into one stage, resumed with each on its own
+    (Execution(runner="inline"), Execution(runner="threads", runners={"tokens": "inline"})),
+    (Execution(runner="threads", runners={"read": "inline"}), Execution(runner="inline")),
+    (Execution(runner="inline"), Execution(runner="inline", fuse=False)),
+], ids=["fused-to-split", "split-to-fused", "unfused"])
+def test_resume_under_an_execution_that_fuses_stages_differently(ex, ex2):
+    """Stage numbers are an execution detail: a checkpoint must not depend on them."""
+    steps, k = 8, 3
+    assert resumed_digests(SPEC, 2, 4, k, steps, ex, ex2) == reference_digests(SPEC, steps)[k:]
+
+
 @pytest.mark.parametrize("k", [0, 1, 7])
 def test_resume_at_first_and_later_steps(k):
     steps = 9

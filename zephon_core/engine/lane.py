@@ -81,6 +81,12 @@ class LaneRun:
         self.t = {s.index: _TransformState() for s in self.stages if s.kind == "transform"}
         self.inbox: dict[int, deque[tuple[Origin, Any]]] = {
             s.index: deque() for s in self.stages if s.kind != "transform"}
+        # A snapshot names stateful stages by their operator's position in the recipe, not
+        # by stage number: fusing transforms is an execution choice, so stage numbers
+        # differ between executions while operator positions never do.
+        self.op_of_stage = {s.index: plan.ops.index(s.ops[0]) for s in self.stages
+                            if s.kind != "transform"}
+        self.stage_of_op = {op: stage for stage, op in self.op_of_stage.items()}
         self.accs: dict[int, Accumulator] = {
             s.index: s.ops[0].make(lane, seed) for s in self.stages if s.kind == "accumulator"}
         self.combiner_index = self.stages[-1].index
@@ -254,7 +260,7 @@ class LaneRun:
             origins = [o for o, _ in self.inbox[s.index]]
             for j in range(s.index - 1, start - 1, -1):
                 origins += self.t[j].origins()
-            out[str(s.index)] = [list(o) for o in origins]
+            out[str(self.op_of_stage[s.index])] = [list(o) for o in origins]
             start = s.index + 1
         return out
 
@@ -270,9 +276,9 @@ class LaneRun:
             "source_done": self.source_done,
             "rows": self.rows_emitted,
             "pending": self._pending(),
-            "accumulators": {str(i): a.state() for i, a in self.accs.items()},
+            "accumulators": {str(self.op_of_stage[i]): a.state() for i, a in self.accs.items()},
             "packer": self.combiner.state(),
-            "flushed": sorted(self.flushed),
+            "flushed": sorted(self.op_of_stage[i] for i in self.flushed),
             "drops": [[*o, reason] for o, reason in self.pending_drops],
             "dropped": dict(sorted(self.dropped.items())),
         }
@@ -293,19 +299,20 @@ class LaneRun:
                                  f"for {len(self.source.orders)} datasets")
             self.source_done = bool(snap["source_done"])
             self.rows_emitted = int(snap["rows"])
-            self.flushed = {int(i) for i in snap["flushed"]}
+            self.flushed = {self.stage_of_op[int(i)] for i in snap["flushed"]}
             self.pending_drops = [(Origin(*d[:5]), str(d[5])) for d in snap["drops"]]
             self.dropped = {str(k): int(v) for k, v in snap["dropped"].items()}
             start = 0
             for s in self.stages:
                 if s.kind == "transform":
                     continue
-                origins = [Origin(*o) for o in snap["pending"][str(s.index)]]
+                key = str(self.op_of_stage[s.index])
+                origins = [Origin(*o) for o in snap["pending"][key]]
                 entry = start if start < s.index else s.index
                 for o, p in zip(origins, self._recompute(origins, entry), strict=True):
                     self._to_stage(entry, o, p)
                 if s.kind == "accumulator":
-                    self.accs[s.index].restore(snap["accumulators"][str(s.index)],
+                    self.accs[s.index].restore(snap["accumulators"][key],
                                                lambda os_, i=s.index: self._recompute(os_, i))
                 start = s.index + 1
             self.combiner.restore(snap["packer"],
