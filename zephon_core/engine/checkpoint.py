@@ -71,7 +71,7 @@ def _short(v: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
+def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any]) -> None:
     """Refuse a state that is not ours or is damaged, naming what is wrong and how to fix it.
 
     Every lane is checked, not only `lanes` (the ones this rank restores), so
@@ -111,7 +111,7 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int]) -> None:
             f"checkpoint lacks the states of lanes {missing[:8]}: it is a rank-local state. "
             "Save the global state (state_dict() with torch.distributed initialized, or "
             "merge_states over all ranks) to resume on another rank count")
-    checker = LaneChecker(fingerprint, state["step"])
+    checker = LaneChecker(fingerprint, state["step"], ops)
     for key, snap in state["lanes"].items():
         if not (key.isdigit() and int(key) < fingerprint["num_lanes"]):
             raise CheckpointError(f"checkpoint is corrupt: it holds a state for lane {key!r} of "

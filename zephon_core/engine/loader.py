@@ -397,7 +397,7 @@ class Loader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken, on this loader's rank count."""
-        check_state(state, self.fingerprint, self.lanes)
+        check_state(state, self.fingerprint, self.lanes, self.recipe.ops)
         self._stop_background()
         snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
         self.step = self._produced = int(state["step"])

@@ -88,12 +88,34 @@ def is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-class LaneChecker:
-    """Field checks of one lane snapshot against the recipe's fingerprint."""
+class _OpChecks:
+    """`StateChecks` for one operator's state in one lane (see `StatefulOp.check_state`)."""
 
-    def __init__(self, fingerprint: dict, step: int) -> None:
+    def __init__(self, checker: LaneChecker, lane: int, where: str, draws: int) -> None:
+        self.checker, self.lane, self.where, self.draws = checker, lane, where, draws
+
+    def origin(self, field: str, value: Any) -> None:
+        self.checker.origin(self.lane, f"{self.where}.{field}", value, self.draws)
+
+    def fail(self, field: str, problem: str) -> Exception:
+        return self.checker.fail(self.lane, f"{self.where}.{field}", problem)
+
+
+class LaneChecker:
+    """Field checks of one lane snapshot against the recipe's fingerprint and operators.
+
+    Stateful stages are named by their operator's position in the recipe
+    (`ops`); each operator checks its own part (`StatefulOp.check_state`).
+    """
+
+    def __init__(self, fingerprint: dict, step: int, ops: list[Any]) -> None:
+        from zephon_core.ops.contract import AccumulatorOp, StatefulOp
+
         self.fingerprint = fingerprint
         self.step = step
+        self.ops = ops
+        self.accumulators = {str(i) for i, op in enumerate(ops) if isinstance(op, AccumulatorOp)}
+        self.stateful = {str(i) for i, op in enumerate(ops) if isinstance(op, StatefulOp)}
         self.rows_per_lane = fingerprint["global_batch_size"] // fingerprint["num_lanes"]
         self.epochs = fingerprint.get("epochs")
         self.shards: list[list[int | None]] = []
@@ -148,19 +170,24 @@ class LaneChecker:
             raise self.fail(lane, "rows", f"is {snap['rows']!r} at step {self.step}, where every "
                             f"lane has given {self.step * self.rows_per_lane} rows")
         draws = src["draws"]
-        for key in ("pending", "accumulators"):
-            if not isinstance(snap[key], dict) or not all(
-                    isinstance(k, str) and k.isdigit() for k in snap[key]):
-                raise self.fail(lane, key, "is not a mapping of stage numbers")
+        for key, want in (("pending", self.stateful), ("accumulators", self.accumulators)):
+            if not isinstance(snap[key], dict) or set(snap[key]) != want:
+                raise self.fail(lane, key, f"is not a mapping of operator positions "
+                                f"{sorted(want, key=int)}")
         for stage, origins in snap["pending"].items():
             if not isinstance(origins, list):
                 raise self.fail(lane, f"pending[{stage}]", "is not a list")
             for o in origins:
                 self.origin(lane, f"pending[{stage}]", o, draws)
-        if not isinstance(snap["packer"], dict):
-            raise self.fail(lane, "packer", "is not a mapping")
-        if not (isinstance(snap["flushed"], list) and all(is_count(i) for i in snap["flushed"])):
-            raise self.fail(lane, "flushed", "is not a list of stage numbers")
+        for position, state in snap["accumulators"].items():
+            op = self.ops[int(position)]
+            op.check_state(state, _OpChecks(self, lane, f"accumulators[{position}] "
+                                            f"({op.name})", draws))
+        self.ops[-1].check_state(snap["packer"], _OpChecks(self, lane, "packer", draws))
+        if not (isinstance(snap["flushed"], list)
+                and {str(i) for i in snap["flushed"] if is_count(i)} <= self.stateful
+                and all(is_count(i) for i in snap["flushed"])):
+            raise self.fail(lane, "flushed", "is not a list of operator positions")
         if not isinstance(snap["drops"], list):
             raise self.fail(lane, "drops", "is not a list")
         for d in snap["drops"]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.records import Dropped, Element, Origin
@@ -76,7 +76,30 @@ class Accumulator(ABC):
         """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
 
 
-class AccumulatorOp(Operator):
+class StateChecks(Protocol):
+    """What a checkpoint check offers an operator that validates its own per-lane state."""
+
+    def origin(self, field: str, value: Any) -> None:
+        """Refuse `value` unless it is an origin of this lane that points inside the data."""
+
+    def fail(self, field: str, problem: str) -> Exception:
+        """The error to raise for a bad `field` (it names the lane and the field)."""
+
+
+class StatefulOp(Operator):
+    """An operator with per-lane state in checkpoints (accumulators and the combiner)."""
+
+    def check_state(self, state: Any, checks: StateChecks) -> None:
+        """Refuse a damaged per-lane state before `restore` sees it (raise `checks.fail`).
+
+        The default checks only that it is a mapping; the built-in operators
+        check every field. The whole state is also covered by a checksum.
+        """
+        if not isinstance(state, dict):
+            raise checks.fail("state", "is not a mapping")
+
+
+class AccumulatorOp(StatefulOp):
     """An operator whose work is an `Accumulator` per lane."""
 
     @abstractmethod
@@ -153,7 +176,7 @@ class Combiner(ABC):
         """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
 
 
-class CombinerOp(Operator):
+class CombinerOp(StatefulOp):
     """The operator that ends every pipeline: a `Combiner` per lane makes its rows.
 
     A subclass sets `seq_len` (tokens per row: the recipe's `S`, the width of

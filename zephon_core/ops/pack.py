@@ -16,11 +16,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import Combiner, CombinerOp, Recompute, Row, Segment
+from zephon_core.ops.contract import (
+    Combiner,
+    CombinerOp,
+    Recompute,
+    Row,
+    Segment,
+    StateChecks,
+)
 from zephon_core.records import Dropped, Origin
 
 MODES = ("first_fit", "best_fit")
@@ -55,6 +63,36 @@ class Pack(CombinerOp):
     def settings(self) -> dict:
         return {"seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
                 "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id}
+
+    def check_state(self, state: Any, checks: StateChecks) -> None:
+        super().check_state(state, checks)
+        truncated = state.get("truncated")
+        if not (isinstance(truncated, int) and not isinstance(truncated, bool) and truncated >= 0):
+            raise checks.fail("truncated", f"is {truncated!r}, not a count")
+        for key in ("bins", "ready"):
+            rows = state.get(key)
+            if not isinstance(rows, list):
+                raise checks.fail(key, "is not a list of rows")
+            if key == "bins" and len(rows) > self.max_open_bins:
+                raise checks.fail(key, f"holds {len(rows)} open rows, more than "
+                                  f"max_open_bins={self.max_open_bins}")
+            for row in rows:
+                if not isinstance(row, list):
+                    raise checks.fail(key, "holds a row that is not a list of segments")
+                used = 0
+                for seg in row:
+                    if not (isinstance(seg, list) and len(seg) == 7):
+                        raise checks.fail(key, "holds a segment that is not [origin..., start, "
+                                          "end]")
+                    checks.origin(key, seg[:5])
+                    start, end = seg[5], seg[6]
+                    if not (isinstance(start, int) and isinstance(end, int)
+                            and 0 <= start < end):
+                        raise checks.fail(key, f"holds a segment [{start}, {end})")
+                    used += end - start
+                if used > self.seq_len:
+                    raise checks.fail(key, f"holds a row of {used} tokens, more than "
+                                      f"seq_len={self.seq_len}")
 
     def make(self, lane: int, seed: int) -> Packer:
         return Packer(self)

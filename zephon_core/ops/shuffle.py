@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_core.common.hashing import uniform_index
-from zephon_core.ops.contract import Accumulator, AccumulatorOp, Recompute
+from zephon_core.ops.contract import Accumulator, AccumulatorOp, Recompute, StateChecks
 from zephon_core.records import Origin
 
 
@@ -25,6 +25,16 @@ class Shuffle(AccumulatorOp):
 
     def make(self, lane: int, seed: int) -> Accumulator:
         return _ShuffleBuffer(self.buffer_size, seed, lane)
+
+    def check_state(self, state: Any, checks: StateChecks) -> None:
+        super().check_state(state, checks)
+        emitted, buffer = state.get("emitted"), state.get("buffer")
+        if not (isinstance(emitted, int) and not isinstance(emitted, bool) and emitted >= 0):
+            raise checks.fail("emitted", f"is {emitted!r}, not a count")
+        if not isinstance(buffer, list) or len(buffer) > self.buffer_size:
+            raise checks.fail("buffer", f"is not a list of at most {self.buffer_size} origins")
+        for o in buffer:
+            checks.origin("buffer", o)
 
 
 class _ShuffleBuffer(Accumulator):

@@ -41,6 +41,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
+from zephon_core.engine.state_check import parse_state
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.recipes.registry import load_recipe
 from zephon_vl.families.base import TitanOptions
@@ -268,13 +269,12 @@ class ZephonDataLoader(BaseDataLoader):
                         STATE_KEY)
             return
         raw = state_dict[STATE_KEY]
-        if isinstance(raw, bytes | bytearray):
-            raw = raw.decode()
-        try:
-            blob = json.loads(raw)
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"zephon dataloader: {STATE_KEY!r} is not JSON ({exc})") \
-                from None
+        if not isinstance(raw, str | bytes | bytearray):
+            raise CheckpointError(f"zephon dataloader: {STATE_KEY!r} is a "
+                                  f"{type(raw).__name__}, not the JSON text zephon saved")
+        blob = parse_state(raw, f"zephon dataloader: {STATE_KEY!r}")
+        if not isinstance(blob, dict):
+            raise CheckpointError(f"zephon dataloader: {STATE_KEY!r} is not a JSON object")
         if blob.get("format") != STATE_FORMAT or blob.get("version") != STATE_VERSION:
             raise CheckpointError(
                 f"zephon dataloader: {STATE_KEY!r} has format {blob.get('format')!r} version "
