@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.common.files import atomic_write, cache_dir
+from zephon_core.common.system import usable_cores
 from zephon_vl.wds.writer import write_shards
 
 log = logging.getLogger(__name__)
@@ -893,10 +895,8 @@ class DemoDataset:
 
 
 def default_demo_dir() -> Path:
-    """``$ZEPHON_CACHE/demo-vlm-<version>``, else ``~/.cache/zephon-vl/demo-vlm-<version>``."""
-    root = os.environ.get("ZEPHON_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "zephon-vl"
-    return base / f"demo-vlm-{DEMO_VERSION}"
+    """``demo-vlm-<version>`` in zephon's cache (``$ZEPHON_CACHE``, else ``~/.cache/zephon-vl``)."""
+    return cache_dir() / f"demo-vlm-{DEMO_VERSION}"
 
 
 def _params(num_samples: int, seed: int, videos: int, samples_per_shard: int) -> dict[str, int]:
@@ -960,12 +960,7 @@ def build_demo_dataset(
         return found
     t0 = time.perf_counter()
     if workers is None:
-        workers = min(
-            4,
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1,
-        )
+        workers = min(4, usable_cores())
     out.mkdir(parents=True, exist_ok=True)
     old = _old_shards(out)
     (out / MANIFEST).unlink(missing_ok=True)
@@ -1015,9 +1010,7 @@ def build_demo_dataset(
         "total_bytes": ds.total_bytes,
         "build_seconds": ds.build_seconds,
     }
-    tmp_man = out / f"{MANIFEST}.tmp-{os.getpid()}"
-    tmp_man.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp_man, out / MANIFEST)
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1))
     log.info(
         "built demo dataset in %s: %d samples, %.1f MB, %.1f s",
         out,
