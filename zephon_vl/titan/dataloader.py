@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_core.engine.execution import Execution
+from zephon_core.engine.execution import Execution, parse_workers
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.recipes.registry import load_recipe
@@ -50,18 +50,6 @@ STATE_KEY = "zephon_state"
 STATE_FORMAT = "zephon-titan-dataloader"
 STATE_VERSION = 1
 MODEL_FORMATS = ("text", "qwen3_5")
-
-
-def parse_workers(spec: str) -> dict[str, int]:
-    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}``."""
-    out: dict[str, int] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit():
-            raise ConfigError(f"workers: expected OP=N items separated by commas, got {item!r} "
-                              "(e.g. 'decode=2,tokenize=1')")
-        out[name.strip()] = int(value)
-    return out
 
 
 def _register_vl_recipes() -> None:
@@ -165,8 +153,9 @@ class ZephonDataLoader(BaseDataLoader):
         max_pixels: int = 128 * 32 * 32
         """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
 
-        runner: str = "inline"
-        """Execution knob (never changes a batch): inline, threads, processes or auto."""
+        runner: str = Execution.runner
+        """Execution knob (never changes a batch): auto (the default: processes for read,
+        decode and tokenize), inline, threads or processes."""
 
         workers: str = ""
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
@@ -174,11 +163,11 @@ class ZephonDataLoader(BaseDataLoader):
         default_workers: int = 0
         """Workers of operators not named in ``workers``; 0 = one process per core."""
 
-        group_size: int = 8
+        group_size: int = Execution.group_size
         prefetch: int = 0
         """Groups in flight per lane and stage; 0 = two per worker over the rank's lanes."""
 
-        prefetch_steps: int = 1
+        prefetch_steps: int = Execution.prefetch_steps
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
 
