@@ -1,1 +1,1 @@
-"""Where samples come from: shard readers, the work source (pointers per lane, no I/O) and `Read`."""
+"""Where samples come from: shard readers, the work source (pointers per lane, no I/O), `Read`."""

@@ -65,15 +65,7 @@ def execution_from(args: argparse.Namespace) -> Execution:
 def recipe_factory(args: argparse.Namespace) -> Callable:
     from zephon_core.recipes.registry import load_recipe
 
-    _register_vl_recipes()
     return lambda: load_recipe(args.recipe, num_lanes=args.lanes)
-
-
-def _register_vl_recipes() -> None:
-    try:
-        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
-    except ImportError:
-        pass
 
 
 def _digest_args(p: argparse.ArgumentParser) -> None:

@@ -52,13 +52,6 @@ STATE_VERSION = 1
 MODEL_FORMATS = ("text", "qwen3_5")
 
 
-def _register_vl_recipes() -> None:
-    try:
-        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
-    except ImportError:  # pragma: no cover - the vl extra is missing
-        pass
-
-
 def preset_image_settings(name: str, max_pixels: int) -> Any:
     """The ImageSettings a model family expects."""
     from zephon_vl.media.image import ImageSettings
@@ -194,7 +187,6 @@ class ZephonDataLoader(BaseDataLoader):
         G = config.global_batch_size or local_batch_size * dp_world_size
         self.microbatches = check_geometry(config.num_lanes, G, dp_world_size,
                                            local_batch_size)
-        _register_vl_recipes()
         overrides: dict[str, Any] = {}
         if not config.infinite:
             overrides["epochs"] = 1
