@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.files import atomic_write
 from zephon_core.common.system import usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,10 +262,7 @@ def child_main(job_json: str, result_path: str) -> int:
     job = json.loads(job_json)
     spec = WorkSpec.from_json(job["spec"])
     trace = RUNNERS[job["family"]](spec, job["params"])
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(trace.to_json(), f)
-    os.replace(tmp, result_path)
+    atomic_write(result_path, json.dumps(trace.to_json()))
     del trace
     _release_grain_shm()
     return 0
@@ -316,8 +314,7 @@ def machine_info() -> dict:
     from zephon_vl.media.image import pillow_backend
 
     return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "nproc": usable_cores(),
         "cpu_count": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
         "platform": platform.platform(), "pillow_backend": pillow_backend(),
         "pillow": version("pillow-simd") or version("Pillow"), "grain": version("grain"),

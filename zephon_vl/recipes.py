@@ -22,7 +22,7 @@ from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import load_tokenizer
 from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_core.recipes.recipe import Recipe
-from zephon_core.recipes.registry import register_kind, register_recipe
+from zephon_core.recipes.registry import settings_from_table
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -34,8 +34,10 @@ from zephon_vl.wds.index import WebDatasetReader
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str | os.PathLike]],
                tokenizer: str | os.PathLike, *, seq_len: int = 2048,
                global_batch_size: int = 8, num_lanes: int = 8, seed: int = 0,
-               weights: Mapping[str, float] | None = None, image: ImageSettings | None = None,
-               video: VideoSettings | None = None, max_vision_tokens: int | None = None,
+               weights: Mapping[str, float] | None = None,
+               image: ImageSettings | Mapping[str, Any] | None = None,
+               video: VideoSettings | Mapping[str, Any] | None = None,
+               max_vision_tokens: int | None = None,
                max_images: int | None = None, shuffle_buffer: int = 256,
                shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
@@ -43,14 +45,16 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                name: str = "vlm", family: str | VisionFamily = "qwen3_5") -> Recipe:
     """A VLM recipe over WebDataset shards for a model `family` (a registered name or object).
 
-    `on_error` is the bad-input policy (drop or raise).
+    `on_error` is the bad-input policy (drop or raise). `image` and `video` may
+    be settings or their fields as a mapping (a TOML table).
     """
     family = vision_family(family)
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
     weights = dict(weights or {})
     if set(weights) - set(named):
         raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
-    image = image or ImageSettings()
+    image = settings_from_table(ImageSettings, image or {}, "image")
+    video = settings_from_table(VideoSettings, video, "video") if video is not None else None
     datasets = [Dataset(n, WebDatasetReader(list(s), cache_dir=index_cache),
                         float(weights.get(n, 1.0))) for n, s in named.items()]
     special = family.special_tokens(load_tokenizer(tokenizer))
@@ -84,19 +88,3 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
     return vlm_recipe([str(s) for s in demo.shards], qwen_tokenizer_dir(), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, name="vlm-demo", **overrides)
-
-
-def _vlm_from_toml(tokenizer: str = "qwen", datasets: list[dict] | None = None,
-                   image: dict | None = None, video: dict | None = None,
-                   **fields: Any) -> Recipe:
-    if not datasets:
-        raise ConfigError("a vlm recipe file needs at least one [[datasets]] table")
-    files = {d["name"]: d["files"] for d in datasets}
-    weights = {d["name"]: float(d.get("weight", 1.0)) for d in datasets}
-    tok = qwen_tokenizer_dir() if tokenizer == "qwen" else tokenizer
-    return vlm_recipe(files, tok, weights=weights, image=ImageSettings(**(image or {})),
-                      video=VideoSettings(**(video or {})), **fields)
-
-
-register_recipe("vlm-demo", vlm_demo)
-register_kind("vlm", _vlm_from_toml)

@@ -86,7 +86,7 @@ def run_to_end(world: World, ledger: Ledger, owner: dict[Origin, int], *,
 def test_every_origin_once_in_rows_or_drops(D):
     streams = lane_streams(FINITE)
     ledger = Ledger()
-    with World(FINITE, D, Execution(group_size=3, prefetch=2)) as w:
+    with World(FINITE, D, Execution(runner="inline", group_size=3, prefetch=2)) as w:
         run_to_end(w, ledger, owners(streams))
     check_ledger(FINITE, streams, ledger)
     assert any(ledger.drops.values()) and any(len(v) > 1 for v in ledger.segments.values())
@@ -139,7 +139,7 @@ def test_exactly_once_across_save_and_resume(D, D2, k):
     streams = lane_streams(spec)
     owner = owners(streams)
     ledger = Ledger()
-    with World(spec, D, Execution(prefetch=6)) as w:
+    with World(spec, D, Execution(runner="inline", prefetch=6)) as w:
         for _ in range(k):
             for loader in w.loaders:
                 assert loader.next_rows() is not None
@@ -165,7 +165,7 @@ def test_drops_after_the_last_row_are_reported():
         doc["n"] = 4  # every document fills one row exactly
     from zephon_core.engine.loader import Loader
 
-    with Loader(recipe) as loader:
+    with Loader(recipe, execution=Execution(runner="inline")) as loader:
         reported = []
         while loader.next_rows() is not None:
             assert [len(r) for r in loader.last_meta.rows] == [1]

@@ -79,7 +79,7 @@ CHANGES = [
 @pytest.mark.parametrize(("make", "words"), [pytest.param(m, w, id=n) for n, m, w in CHANGES])
 def test_changed_setting_is_refused_naming_the_field(base_state, make, words):
     recipe = make()
-    with Loader(recipe, 0, 2) as loader:
+    with Loader(recipe, 0, 2, Execution(runner="inline")) as loader:
         with pytest.raises(CheckpointError) as info:
             loader.load_state_dict(copy.deepcopy(base_state))
     msg = str(info.value)
@@ -172,12 +172,12 @@ def test_mangled_state_raises_checkpoint_error(base_state, edit, words):
 def test_rank_count_must_divide_lanes():
     recipe = build_recipe(BASE.but(num_lanes=8, rows_per_lane=1))
     with pytest.raises(ConfigError) as info:
-        Loader(recipe, 0, 3)
+        Loader(recipe, 0, 3, Execution(runner="inline"))
     msg = str(info.value)
     assert re.search(r"\b3\b", msg) and re.search(r"\b8\b", msg), msg
     assert "[1, 2, 4, 8]" in msg, msg  # and says which rank counts work
     with pytest.raises(ConfigError, match="dp_rank 4"):
-        Loader(recipe, 4, 4)
+        Loader(recipe, 4, 4, Execution(runner="inline"))
 
 
 def test_default_prefetch_gives_every_worker_two_groups():
@@ -189,7 +189,7 @@ def test_default_prefetch_gives_every_worker_two_groups():
     assert Plan(ops, pool, lanes=1).prefetch == 8
     assert Plan(ops, pool, lanes=3).prefetch == 3
     assert Plan(ops, pool, lanes=16).prefetch == 2
-    assert Plan(ops, Execution(), lanes=1).prefetch == 2
+    assert Plan(ops, Execution(runner="inline"), lanes=1).prefetch == 2
     assert Plan(ops, replace(pool, prefetch=5), lanes=16).prefetch == 5
     with Loader(build_recipe(BASE), 0, 2, pool) as loader:
         assert "up to 4 groups in flight" in loader.explain()
@@ -268,8 +268,8 @@ def _run_with_drops(spec: Spec, D: int, ex: Execution, steps: int = 6, shared=Fa
 
 
 DROP_EXECUTIONS = [
-    (1, Execution()),
-    (2, Execution(group_size=1, prefetch=1)),
+    (1, Execution(runner="inline")),
+    (2, Execution(runner="inline", group_size=1, prefetch=1)),
     (4, Execution(runner="threads", default_workers=3, group_size=2, prefetch_steps=2)),
 ]
 
@@ -294,7 +294,8 @@ def test_drops_before_an_accumulator_are_per_step_deterministic():
     the execution, also when the dropping transform runs before a Shuffle."""
     spec = BAD.but(on_error="drop", shuffle_pos="payloads", num_lanes=2)
     ref_digests, ref_drops = _run_with_drops(spec, *DROP_EXECUTIONS[0], steps=8)
-    for D, ex in [(1, Execution(group_size=1, prefetch=1)), (2, Execution(group_size=3))]:
+    for D, ex in [(1, Execution(runner="inline", group_size=1, prefetch=1)),
+                  (2, Execution(runner="inline", group_size=3))]:
         digests, drops = _run_with_drops(spec, D, ex, steps=8)
         assert digests == ref_digests
         diff = [t for t, (a, b) in enumerate(zip(ref_drops, drops, strict=True)) if a != b]
@@ -312,9 +313,9 @@ def test_bad_sample_drop_in_a_process_pool_matches_inline():
 
 def test_digests_depend_on_the_data():
     """The digests compared above are not blind: other document contents, other digests."""
-    assert run_digests(BASE, 1, Execution(), 3) != run_digests(
+    assert run_digests(BASE, 1, Execution(runner="inline"), 3) != run_digests(
         BASE.but(datasets=(DataSpec((12, 7, 20), data_seed=2), BASE.datasets[1])), 1,
-        Execution(), 3)
+        Execution(runner="inline"), 3)
 
 
 def test_a_recipe_that_drops_everything_raises_instead_of_spinning():
@@ -331,7 +332,8 @@ def test_a_recipe_that_drops_everything_raises_instead_of_spinning():
     reader = InMemoryReader([[{"n": 50}] * 20])
     ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]
     recipe = Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2)
-    with Loader(recipe) as loader, pytest.raises(NoRowsError, match="over_length"):
+    with Loader(recipe, execution=Execution(runner="inline")) as loader, \
+            pytest.raises(NoRowsError, match="over_length"):
         loader.next_rows()
 
 

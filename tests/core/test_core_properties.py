@@ -105,7 +105,8 @@ def test_local_batches_are_the_ranks_lane_slices(spec, data):
     reference_digests(spec, 3)  # skips data whose every document is dropped (no batches)
     D = data.draw(st.sampled_from([d for d in divisors(spec.num_lanes) if d > 1] or [1]))
     per = spec.num_lanes // D
-    with World(spec, 1) as one, World(spec, D, Execution(group_size=3, prefetch=2)) as many:
+    many_ex = Execution(runner="inline", group_size=3, prefetch=2)
+    with World(spec, 1) as one, World(spec, D, many_ex) as many:
         for _ in range(3):
             full = one.step()
             meta_full = one.loaders[0].last_meta
@@ -140,7 +141,7 @@ def test_iterating_with_microbatches_gives_the_same_batches():
     spec = Spec()
     ref = reference_digests(spec, 3)
     recipe = build_recipe(spec)
-    loaders = [Loader(recipe, d, 2, microbatches=2) for d in range(2)]
+    loaders = [Loader(recipe, d, 2, Execution(runner="inline"), microbatches=2) for d in range(2)]
     try:
         for t in range(3):
             parts = [mb for loader in loaders for mb in next(loader)]
@@ -151,7 +152,7 @@ def test_iterating_with_microbatches_gives_the_same_batches():
         for loader in loaders:
             loader.close()
     with pytest.raises(ConfigError, match=r"8 rows .* 3 equal microbatches"):
-        Loader(recipe, 0, 1, microbatches=3)
+        Loader(recipe, 0, 1, Execution(runner="inline"), microbatches=3)
 
 
 @pytest.mark.slow

@@ -68,7 +68,8 @@ def test_resume_under_an_execution_that_fuses_stages_differently(ex, ex2):
 def test_resume_at_first_and_later_steps(k):
     steps = 9
     ref = reference_digests(SPEC, steps)
-    assert resumed_digests(SPEC, 2, 1, k, steps, Execution(group_size=2, prefetch=1)) == ref[k:]
+    ex = Execution(runner="inline", group_size=2, prefetch=1)
+    assert resumed_digests(SPEC, 2, 1, k, steps, ex) == ref[k:]
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -94,7 +95,7 @@ def test_resume_property(L, seed, shuffle_pos, overlong, mode, bins, k, runner, 
     steps = k + 3
     ex = Execution(runner=runner, default_workers=2, group_size=group, prefetch=prefetch,
                    prefetch_steps=data.draw(st.integers(0, 2), label="prefetch_steps"))
-    ex2 = Execution(group_size=data.draw(st.integers(1, 5), label="group2"))
+    ex2 = Execution(runner="inline", group_size=data.draw(st.integers(1, 5), label="group2"))
     assert resumed_digests(spec, D, D2, k, steps, ex, ex2) == reference_digests(spec, steps)[k:]
 
 
@@ -127,7 +128,8 @@ def test_resume_from_a_busy_process_pool():
         held = _state_holds_work(state)
         assert all(held.values()), held
         assert w.digests(2) == ref[k:k + 2]  # the pool keeps working after the checkpoint
-        for D2, ex2 in [(4, Execution()), (1, Execution(runner="threads", default_workers=3))]:
+        for D2, ex2 in [(4, Execution(runner="inline")),
+                        (1, Execution(runner="threads", default_workers=3))]:
             with World(spec, D2, ex2, state=state) as w2:
                 assert w2.digests(steps - k) == ref[k:], (D2, ex2)
         for loader in w.loaders:  # rewind, with work of the old lanes still in the pool
@@ -261,7 +263,7 @@ def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
     steps, k = 8, 3
     ref = reference_digests(SPEC, steps)
     recipe = helpers.build_recipe(SPEC)
-    ex = Execution(prefetch_steps=3)
+    ex = Execution(runner="inline", prefetch_steps=3)
     loaders = [Loader(recipe, d, D, ex, background=True) for d in range(D)]
     try:
         iters = [iter(loader) for loader in loaders]

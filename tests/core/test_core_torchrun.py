@@ -12,6 +12,7 @@ import torch
 
 from tests.helpers.torchrun_job import make_recipe
 from zephon_core.common.digest import batch_digest
+from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def _global_digests(out: Path, nproc: int) -> dict[int, str]:
 
 
 def _reference(steps: int) -> dict[int, str]:
-    with Loader(make_recipe()) as loader:
+    with Loader(make_recipe(), execution=Execution(runner="inline")) as loader:
         return {t: batch_digest(next(loader)) for t in range(steps)}
 
 

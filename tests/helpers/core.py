@@ -195,7 +195,7 @@ class World:
 
         self.spec = spec
         self.recipe = build_recipe(spec)
-        self.execution = execution or Execution()
+        self.execution = execution or Execution(runner="inline")
         self.runners = (Plan(self.recipe.ops, self.execution).make_runners()
                         if shared_runners else None)
         self.loaders: list[Loader] = []
@@ -272,7 +272,7 @@ def reference_digests(spec: Spec, steps: int) -> list[str]:
     key = (spec, steps)
     if key not in _REFERENCE:
         try:
-            _REFERENCE[key] = run_digests(spec, 1, Execution(), steps)
+            _REFERENCE[key] = run_digests(spec, 1, Execution(runner="inline"), steps)
         except NoRowsError:
             assume(False)  # a recipe that drops every document has no batches to compare
     return _REFERENCE[key]
@@ -296,7 +296,7 @@ def finite_rank_main(rank: int, world: int, init_file: str, spec: Spec, out: str
     try:
         recipe = build_recipe(spec)
         digests = []
-        with Loader(recipe, rank, world) as loader:
+        with Loader(recipe, rank, world, Execution(runner="inline")) as loader:
             for _ in range(10_000):
                 rows = loader.next_rows()
                 if rows is None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from zephon_core.data.read import Read
 from zephon_core.data.readers import InMemoryReader
 from zephon_core.data.sources import Dataset
+from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.ops.contract import Map
 from zephon_core.ops.pack import Pack
@@ -60,7 +61,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
-    loader = Loader(make_recipe(), rank, world)
+    loader = Loader(make_recipe(), rank, world, Execution(runner="inline"))
     start = 0
     if args.resume:
         state = json.loads(Path(args.resume).read_text())

@@ -47,7 +47,7 @@ STEPS = 3  # global steps compared in the guarantee tests
 #: Small groups and no step prefetch: less work decoded ahead and thrown away, so
 #: faster tests. Execution knobs never change a batch, which the tests check by
 #: giving every other run different ones.
-LEAN = Execution(group_size=2, prefetch=2, prefetch_steps=0)
+LEAN = Execution(runner="inline", group_size=2, prefetch=2, prefetch_steps=0)
 TENSOR_KEYS = ("input", "labels", "positions", "pixel_values", "grid_thw")
 SCALAR_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id",
                "vision_end_token_id")
@@ -300,7 +300,7 @@ def count_batches_job(rank: int, world: int, init_file: str, out_dir: str) -> No
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     try:
-        with Loader(uneven_lanes_recipe(), rank, world) as loader:
+        with Loader(uneven_lanes_recipe(), rank, world, Execution(runner="inline")) as loader:
             n = sum(1 for _ in loader)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(n))
     finally:

@@ -12,8 +12,9 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
 from zephon_core.common.digest import batch_digest  # noqa: E402
+from zephon_core.engine.execution import parse_workers  # noqa: E402
 from zephon_core.errors import CheckpointError, ConfigError  # noqa: E402
-from zephon_vl.titan.dataloader import ZephonDataLoader, parse_workers  # noqa: E402
+from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 
 # exactly the keyword arguments Trainer.__init__ passes to config.dataloader.build(...)
 TRAINER_KW = ("dp_world_size", "dp_rank", "tokenizer", "seq_len", "local_batch_size",
@@ -32,11 +33,12 @@ def test_config_is_a_torchtitan_dataloader_config():
     names = {f.name for f in dataclasses.fields(ZephonDataLoader.Config)}
     assert not names & set(TRAINER_KW), "build() refuses Config fields named like runtime kwargs"
     assert "infinite" in names  # TorchTitan's validator replaces it
-    dataclasses.replace(ZephonDataLoader.Config(), infinite=False)
+    dataclasses.replace(ZephonDataLoader.Config(runner="inline"), infinite=False)
 
 
 def test_builds_with_trainer_kwargs_and_yields_batches():
-    cfg = ZephonDataLoader.Config(recipe="text-demo", num_lanes=4, global_batch_size=8)
+    cfg = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=4,
+                                  global_batch_size=8)
     dl = build(cfg, dp_world_size=2, dp_rank=1, local_batch_size=2)
     assert dl.microbatches == 2  # 8 rows / 2 ranks / 2 rows per micro-batch
     it = iter(dl)
@@ -69,7 +71,7 @@ def test_registry_configs_build():
 
 def test_global_batch_is_the_same_for_every_dp():
     def global_digests(dp, steps=3):
-        loaders = [build(ZephonDataLoader.Config(recipe="text-demo", num_lanes=4,
+        loaders = [build(ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=4,
                                                  global_batch_size=8),
                          dp_world_size=dp, dp_rank=d, local_batch_size=8 // (dp * 2))
                    for d in range(dp)]
@@ -102,7 +104,7 @@ def test_global_batch_is_the_same_for_every_dp():
 ])
 def test_wrong_combinations_are_refused(kw, build_kw, match):
     with pytest.raises(ConfigError, match=match):
-        build(ZephonDataLoader.Config(**kw), **build_kw)
+        build(ZephonDataLoader.Config(runner="inline", **kw), **build_kw)
 
 
 def test_parse_workers():
@@ -111,7 +113,7 @@ def test_parse_workers():
 
 
 def test_state_refused_mid_step_and_without_distributed():
-    cfg = ZephonDataLoader.Config(num_lanes=4, global_batch_size=8)
+    cfg = ZephonDataLoader.Config(runner="inline", num_lanes=4, global_batch_size=8)
     dl = build(cfg, local_batch_size=4)
     it = iter(dl)
     next(it)
@@ -128,7 +130,7 @@ def test_state_refused_mid_step_and_without_distributed():
 
 
 def test_state_round_trip_in_process():
-    cfg = ZephonDataLoader.Config(num_lanes=4, global_batch_size=4)
+    cfg = ZephonDataLoader.Config(runner="inline", num_lanes=4, global_batch_size=4)
     a = build(cfg, local_batch_size=4)
     it = iter(a)
     next(it)

@@ -34,7 +34,7 @@ def torchrun(nproc, out, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "zephon_vl.testing.dcp_check", "--out", str(out),
            "--steps", str(STEPS), "--lanes", str(LANES), "--global-batch", str(G),
-           "--seq-len", str(S), *extra]
+           "--seq-len", str(S), "--runner", "inline", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return ({int(k): v for k, v in json.loads((out / "digests.json").read_text()).items()},
@@ -57,7 +57,8 @@ def test_dcp_round_trip_across_rank_counts(tmp_path):
     assert resumed4 == {t: saved[t] for t in range(SAVE_AT, STEPS)}
 
     # D = 1 in this process, DCP without a process group
-    dl = ZephonDataLoader.Config(recipe="text-demo", num_lanes=LANES, global_batch_size=G).build(
+    dl = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=LANES,
+                                 global_batch_size=G).build(
         dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=S, local_batch_size=4,
         snapshot_every_n_steps=None)
     dcp.load({"dataloader": dl}, checkpoint_id=str(tmp_path / "d2" / "ckpt"), no_dist=True)

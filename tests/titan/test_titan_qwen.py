@@ -28,9 +28,9 @@ IMG, VID, VS, VE, PAD = 9, 10, 7, 8, 0
 
 @pytest.fixture(scope="module")
 def vlm_batches():
-    cfg = ZephonDataLoader.Config(recipe="vlm-demo", num_lanes=2, global_batch_size=4,
-                                  model_format="qwen3_5", image_preset="qwen3_5",
-                                  max_pixels=64 * 32 * 32)
+    cfg = ZephonDataLoader.Config(runner="inline", recipe="vlm-demo", num_lanes=2,
+                                  global_batch_size=4, model_format="qwen3_5",
+                                  image_preset="qwen3_5", max_pixels=64 * 32 * 32)
     dl = cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256,
                    local_batch_size=2, snapshot_every_n_steps=None)
     it = iter(dl)
@@ -123,8 +123,8 @@ def test_video_modes():
 
 
 def test_qwen3_5_needs_matching_image_settings():
-    cfg = ZephonDataLoader.Config(recipe="vlm-demo", num_lanes=2, global_batch_size=2,
-                                  model_format="qwen3_5")
+    cfg = ZephonDataLoader.Config(runner="inline", recipe="vlm-demo", num_lanes=2,
+                                  global_batch_size=2, model_format="qwen3_5")
     with pytest.raises(ConfigError, match="image_preset qwen3_5"):
         cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256, local_batch_size=2)
 

@@ -14,10 +14,10 @@ from zephon_core.errors import BadSampleError, ConfigError
 from zephon_vl.media.image import ImageSettings, normalize_patches
 from zephon_vl.media.video import (
     VideoSettings,
-    encode_test_video,
     process_video,
     sample_frame_indices,
 )
+from zephon_vl.testing.video import encode_test_video
 
 # Distinct, well separated solid colours (lossy codec + YUV 4:2:0 round trip).
 COLOURS = [(30 * k % 256, 255 - 25 * k, (80 + 60 * k) % 256) for k in range(10)]

@@ -138,7 +138,7 @@ def test_raise_names_shard_key_and_reason(tmp_path, goods, case: str, runner: st
 def test_raise_through_run_digests_on_two_ranks(mixed) -> None:
     """The first bad sample met stops the run; nothing is silently skipped."""
     with pytest.raises(BadSampleError) as info:
-        list(run_digests(lambda: recipe_for(mixed, "raise"), 2, 20, Execution()))
+        list(run_digests(lambda: recipe_for(mixed, "raise"), 2, 20, Execution(runner="inline")))
     assert info.value.reason in set(EXPECTED.values())
     assert any(f"{Path(s).name}:b_" in str(info.value) for s in mixed), str(info.value)
 
@@ -162,7 +162,7 @@ def global_steps(recipe, epochs: list[Epoch]) -> list[tuple[str, list]]:
 
 @pytest.fixture(scope="module")
 def dropped_d1(mixed):
-    return epoch_of(mixed, 1, Execution())
+    return epoch_of(mixed, 1, Execution(runner="inline"))
 
 
 def test_drop_records_every_bad_sample_and_keeps_every_good_one(mixed, goods,
@@ -182,7 +182,7 @@ def test_drops_and_digests_same_for_d2_and_threads(mixed, dropped_d1) -> None:
     recipe, eps = dropped_d1
     want = global_steps(recipe, eps)
     assert len(want) >= 2 and sum(len(d) for _, d in want) > 0, "setup: steps with drops"
-    for D, ex in [(2, Execution(group_size=3)),
+    for D, ex in [(2, Execution(runner="inline", group_size=3)),
                   (1, Execution(runner="threads", workers={"read": 2, "decode": 3}, group_size=2)),
                   (2, Execution(runner="threads", workers={"decode": 2}, group_size=1))]:
         recipe2, eps2 = epoch_of(mixed, D, ex)
@@ -209,7 +209,7 @@ def test_drop_policy_matches_a_clean_dataset(tmp_path, mixed, goods, dropped_d1)
     clean = write_dataset(tmp_path, [{"__key__": k, **goods[k]} for k in sorted(seen)],
                           cut_last=False, per_shard=100)
     recipe_c = recipe_for(clean, "raise", num_lanes=1)
-    ep_c = run_epoch(Loader(recipe_c, 0, 1))
+    ep_c = run_epoch(Loader(recipe_c, 0, 1, Execution(runner="inline")))
     clean_tokens = {}
     for rows in ep_c.step_rows:
         for row in rows:
@@ -270,11 +270,11 @@ def test_resume_keeps_the_drop_record(mixed, dropped_d1) -> None:
     recipe, eps = dropped_d1
     want = global_steps(recipe, eps)
     assert len(want) >= 2, "setup: the mixed data must give at least two global steps"
-    with Loader(recipe_for(mixed, "drop"), 0, 1) as first:
+    with Loader(recipe_for(mixed, "drop"), 0, 1, Execution(runner="inline")) as first:
         first.next_rows()
         blob = json.dumps(merge_states([first.local_state_dict()]))
     recipe2 = recipe_for(mixed, "drop")
-    loaders = [Loader(recipe2, d, 2) for d in range(2)]
+    loaders = [Loader(recipe2, d, 2, Execution(runner="inline")) for d in range(2)]
     for loader in loaders:
         loader.load_state_dict(json.loads(blob))
     eps2 = [run_epoch(loader) for loader in loaders]

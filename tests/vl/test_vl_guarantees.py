@@ -52,9 +52,9 @@ def test_reference_is_a_real_vlm_batch(ref) -> None:
 
 
 # D=1 is the reference itself (and the threads run below); each D gets other knobs too.
-KNOBS = {2: Execution(group_size=3, prefetch=1, prefetch_steps=0),
-         4: Execution(group_size=1, prefetch=1, prefetch_steps=0),
-         8: Execution(group_size=4, prefetch=1, prefetch_steps=1)}
+KNOBS = {2: Execution(runner="inline", group_size=3, prefetch=1, prefetch_steps=0),
+         4: Execution(runner="inline", group_size=1, prefetch=1, prefetch_steps=0),
+         8: Execution(runner="inline", group_size=4, prefetch=1, prefetch_steps=1)}
 
 
 @pytest.mark.parametrize("D", [2, 4, 8])
@@ -151,7 +151,7 @@ def test_background_loaders_save_what_the_consumer_received(shards, ref) -> None
     from zephon_core.engine.checkpoint import merge_states
 
     k = 1
-    ex = Execution(group_size=2, prefetch=2, prefetch_steps=2)
+    ex = Execution(runner="inline", group_size=2, prefetch=2, prefetch_steps=2)
     src = [Loader(make_recipe(shards), d, 2, ex, background=True) for d in range(2)]
     try:
         for _ in range(k):
@@ -196,7 +196,7 @@ def test_every_rank_ends_at_the_same_step(tmp_path) -> None:
 
     from tests.helpers.vl import count_batches_job, run_epoch, uneven_lanes_recipe
 
-    one = run_epoch(Loader(uneven_lanes_recipe(), 0, 1))
+    one = run_epoch(Loader(uneven_lanes_recipe(), 0, 1, Execution(runner="inline")))
     assert len(one.step_rows) == 1
     assert one.end_of_data == [(0, 1), (1, 0)], "setup: lane 0 must hold one more row"
 

@@ -28,6 +28,7 @@ from tests.helpers.vl import (
     special,
     text_ids,
 )
+from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_vl.wds.writer import write_shards
 
@@ -207,7 +208,7 @@ def test_max_images_drops_documents_over_the_limit(tmp_path, tmp_path_factory) -
     recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, max_images=2, epochs=1,
                          shuffle_buffer=0)
     reader = recipe.datasets[0].reader
-    ep: Epoch = run_epoch(Loader(recipe, 0, 1))
+    ep: Epoch = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
     drops = [(reader.key(o.shard, o.index), reason) for o, reason in ep.drops()]
     assert drops == [("big", "over_limit:images")]
     keys = sorted(reader.key(o.shard, o.index) for o in ep.origins())
@@ -235,7 +236,7 @@ def test_overlong_documents_never_cut_an_image(tmp_path, tmp_path_factory, overl
     recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, seq_len=seq_len,
                          overlong=overlong, epochs=1, shuffle_buffer=0)
     reader = recipe.datasets[0].reader
-    ep = run_epoch(Loader(recipe, 0, 1))
+    ep = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
     drops = [(reader.key(o.shard, o.index), reason) for o, reason in ep.drops()]
     keys = sorted(reader.key(o.shard, o.index) for o in ep.origins())
     if overlong == "drop":

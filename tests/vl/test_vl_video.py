@@ -56,7 +56,7 @@ def run(shards: list[str], ex: Execution, video: VideoSettings | None = None):
 @pytest.mark.parametrize("video", [None, VideoSettings(fps=2.0, max_frames=4)])
 def test_video_goes_through_with_temporal_patches(video_shards, video) -> None:
     shards, samples = video_shards
-    recipe, rows = run(shards, Execution(), video)
+    recipe, rows = run(shards, Execution(runner="inline"), video)
     reader = recipe.datasets[0].reader
     sp = special()
     settings = video or VideoSettings()
@@ -99,7 +99,7 @@ def test_video_goes_through_with_temporal_patches(video_shards, video) -> None:
 
 def test_video_rows_are_deterministic_across_runners(video_shards) -> None:
     shards, _ = video_shards
-    recipe, rows = run(shards, Execution())
+    recipe, rows = run(shards, Execution(runner="inline"))
     _, rows_t = run(shards, Execution(runner="threads", workers={"decode": 2}, group_size=1))
     assert [batch_digest(recipe.collate([r])) for r in rows] == \
         [batch_digest(recipe.collate([r])) for r in rows_t]
@@ -110,11 +110,11 @@ def test_worker_and_collate_normalization_agree(video_shards) -> None:
     from dataclasses import replace
 
     shards, _ = video_shards
-    recipe, rows = run(shards, Execution())
+    recipe, rows = run(shards, Execution(runner="inline"))
     batch = recipe.collate(rows)
     recipe_w = make_recipe(shards, num_lanes=1, global_batch_size=1, epochs=1,
                            shuffle_buffer=0, image=replace(IMAGE, normalize="worker"))
-    ep = run_epoch(Loader(recipe_w, 0, 1))
+    ep = run_epoch(Loader(recipe_w, 0, 1, Execution(runner="inline")))
     rows_w = [row for step in ep.step_rows for row in step] + ep.left_rows
     assert rows_w[0].segments[0].payload["pixel_values"][0].dtype == np.float32
     assert rows[0].segments[0].payload["pixel_values"][0].dtype == np.uint8

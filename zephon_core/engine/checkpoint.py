@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.files import atomic_write
 from zephon_core.engine.state_check import (
     CHECKSUM_KEY,
     LaneChecker,
@@ -191,10 +192,7 @@ def _gloo_group() -> Any:
 
 def save_state(state: dict, path: str | Path) -> None:
     """Write a state as JSON (atomically)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(state, sort_keys=True))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(state, sort_keys=True))
 
 
 def load_state(path: str | Path) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from zephon_core.common.system import usable_cores
@@ -10,21 +11,57 @@ from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
 
+def parse_op_values(spec: str | Iterable[str], cast: Callable[[str], object] = int,
+                    what: str = "N") -> dict:
+    """Per-operator settings from ``OP=VALUE`` items: ``"decode=2,tokenize=1"`` or a list of
+    such strings (the command line's repeated ``--workers``) -> ``{"decode": 2, "tokenize": 1}``.
+
+    The one parser behind the command line and the TorchTitan config, so both
+    accept and refuse the same spellings.
+    """
+    items = [spec] if isinstance(spec, str) else list(spec)
+    out: dict = {}
+    for part in (p.strip() for item in items for p in item.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = cast(value.strip())
+        except ValueError:
+            raise ConfigError(f"expected OP={what} items separated by commas, got {part!r} "
+                              "(e.g. 'decode=2,tokenize=1')") from None
+    return out
+
+
+def parse_workers(spec: str | Iterable[str]) -> dict[str, int]:
+    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}`` (see `parse_op_values`)."""
+    return parse_op_values(spec, int, "N")
+
+
+def parse_runners(spec: str | Iterable[str]) -> dict[str, str]:
+    """``"read=threads"`` -> ``{"read": "threads"}`` (see `parse_op_values`)."""
+    return parse_op_values(spec, str, "KIND")
+
+
 @dataclass
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
 
-    Process stages default to one worker per core (`default_workers=None`),
-    thread stages to one thread.
-
-    `runner` is the default for every transform (``auto``: each operator's own
-    preference, processes for read, decode and tokenize); `runners` and
-    `workers` override it per operator name.
+    These defaults are the only ones: the command line's flags and the
+    TorchTitan config's fields take theirs from here. The default is the fast
+    path, ``runner="auto"``: each operator's own preference, processes for
+    read, decode and tokenize, inline for cheap maps; ``inline`` runs
+    everything in the calling thread (the reference, and the cheapest for tiny
+    runs). `runners` and `workers` override the runner and worker count per
+    operator name. Process stages default to one worker per core
+    (`default_workers=None`), thread stages to one thread.
     Consecutive transforms with the same runner and worker count are fused
     into one stage (one worker call per group).
     """
 
-    runner: str = "inline"
+    runner: str = "auto"
     runners: dict[str, str] = field(default_factory=dict)
     workers: dict[str, int] = field(default_factory=dict)
     default_workers: int | None = None

@@ -16,7 +16,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from zephon_core.common.files import cache_dir
+from zephon_core.common.files import atomic_write, cache_dir
 
 ASSET_VERSION = "1"
 
@@ -77,10 +77,7 @@ def text_corpus(out: Path | None = None, shards: int = 4) -> list[Path]:
                            & set(p.relative_to(stdlib).parts)))
     docs = [{"text": d, "source": str(f.relative_to(stdlib))} for f in files
             for d in _docstrings(f)]
-    out.mkdir(parents=True, exist_ok=True)
     for i, p in enumerate(paths):
-        with open(p, "w", encoding="utf-8") as fh:
-            for d in docs[i::shards]:
-                fh.write(json.dumps(d) + "\n")
-    (out / "MANIFEST.json").write_text(json.dumps({"documents": len(docs), "shards": shards}))
+        atomic_write(p, "".join(json.dumps(d) + "\n" for d in docs[i::shards]))
+    atomic_write(out / "MANIFEST.json", json.dumps({"documents": len(docs), "shards": shards}))
     return paths

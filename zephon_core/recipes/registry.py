@@ -1,74 +1,103 @@
-"""Named recipes and TOML recipe files.
+"""Named recipes and TOML recipe files, registered explicitly, resolved lazily.
+
+Built-in recipes and TOML kinds are a table of ``"module:function"`` names,
+imported only when one is asked for: nothing registers on import, every entry
+point (Python, the command line, TorchTitan, torchrun jobs) sees the same
+names, and the core never imports zephon_vl unless a VL recipe is loaded.
+Users add their own with `register_recipe` and `register_kind`.
 
 A TOML recipe file looks like::
 
-    kind = "text"                 # "text" here; zephon_vl adds "vlm"
+    kind = "text"                 # "text" or "vlm" (zephon_vl), or a registered kind
     tokenizer = "qwen"            # "qwen" = the bundled Qwen3.6 vocabulary, or a folder
     seq_len = 1024
     global_batch_size = 16
     num_lanes = 8
     seed = 0
+    [shuffle]                     # optional: ShuffleSettings fields
+    block_size = 256
     [[datasets]]
     name = "web"
     files = ["data/web-000.jsonl", "data/web-001.jsonl"]
     weight = 3.0
 
-Relative file paths are relative to the TOML file.
+Relative file paths are relative to the TOML file. Every other top-level key
+is a keyword argument of the kind's factory (``text_recipe``, ``vlm_recipe``),
+called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zephon_core.data.sources import ShuffleSettings
 from zephon_core.errors import ConfigError
-from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_core.recipes.recipe import Recipe
-from zephon_core.recipes.text import text_demo, text_recipe
 
 RecipeFactory = Callable[..., Recipe]
-_BUILTIN: dict[str, RecipeFactory] = {}
-_KINDS: dict[str, RecipeFactory] = {}
+#: a factory, or where to import it from: ``"package.module:function"``
+FactoryRef = RecipeFactory | str
+
+_RECIPES: dict[str, FactoryRef] = {
+    "text-demo": "zephon_core.recipes.text:text_demo",
+    "vlm-demo": "zephon_vl.recipes:vlm_demo",
+}
+_KINDS: dict[str, FactoryRef] = {
+    "text": "zephon_core.recipes.text:text_recipe",
+    "vlm": "zephon_vl.recipes:vlm_recipe",
+}
+_DATASET_KEYS = ("name", "files", "weight")
 
 
-def register_recipe(name: str, factory: RecipeFactory) -> None:
-    _BUILTIN[name] = factory
+def register_recipe(name: str, factory: FactoryRef) -> None:
+    """Make `name` loadable by `load_recipe` everywhere; `factory(**overrides)` builds it."""
+    _RECIPES[name] = factory
 
 
-def register_kind(kind: str, factory: RecipeFactory) -> None:
-    """`factory(**toml_fields)` builds a recipe of this kind from a TOML file's fields."""
+def register_kind(kind: str, factory: FactoryRef) -> None:
+    """TOML files with ``kind = "<kind>"`` are built by
+    ``factory(files_by_dataset, tokenizer, weights=..., **other_keys)``."""
     _KINDS[kind] = factory
 
 
-def _text_from_toml(tokenizer: str = "qwen", datasets: list[dict] | None = None,
-                    **fields: Any) -> Recipe:
-    if not datasets:
-        raise ConfigError("a text recipe file needs at least one [[datasets]] table")
-    files = {d["name"]: d["files"] for d in datasets}
-    weights = {d["name"]: float(d.get("weight", 1.0)) for d in datasets}
-    tok = qwen_tokenizer_dir() if tokenizer == "qwen" else tokenizer
-    return text_recipe(files, tok, weights=weights, **fields)
-
-
-register_recipe("text-demo", text_demo)
-register_kind("text", _text_from_toml)
-
-
 def builtin_names() -> list[str]:
-    return sorted(_BUILTIN)
+    """Names `load_recipe` knows (built in or registered)."""
+    return sorted(_RECIPES)
 
 
-def load_recipe(name_or_path: str, **overrides: Any) -> Recipe:
+def _resolve(ref: FactoryRef, what: str) -> RecipeFactory:
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise ConfigError(f"{what} needs {module}, which cannot be imported ({exc}); "
+                          "install the package that provides it") from None
+
+
+def load_recipe(name_or_path: str | Path, **overrides: Any) -> Recipe:
     """A built-in recipe by name, or a TOML file; `overrides` replace fields (e.g. num_lanes)."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if name_or_path in _BUILTIN:
-        return _BUILTIN[name_or_path](**overrides)
-    path = Path(name_or_path)
+    name = str(name_or_path)
+    if name in _RECIPES:
+        return _resolve(_RECIPES[name], f"recipe {name!r}")(**overrides)
+    path = Path(name)
     if not path.is_file():
-        raise ConfigError(f"unknown recipe {name_or_path!r}: not a built-in "
+        raise ConfigError(f"unknown recipe {name!r}: not a built-in "
                           f"({', '.join(builtin_names())}) and not a TOML file")
+    return recipe_from_toml(path, **overrides)
+
+
+def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
+    """Build the recipe a TOML file describes (see the module docstring)."""
+    path = Path(path)
     try:
         fields = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -76,8 +105,61 @@ def load_recipe(name_or_path: str, **overrides: Any) -> Recipe:
     kind = fields.pop("kind", "text")
     if kind not in _KINDS:
         raise ConfigError(f"{path}: unknown recipe kind {kind!r}; known: {sorted(_KINDS)}")
-    for d in fields.get("datasets", []):
-        d["files"] = [str((path.parent / f).resolve()) for f in d.get("files", [])]
-    fields.setdefault("name", path.stem)
-    fields.update(overrides)
-    return _KINDS[kind](**fields)
+    factory = _resolve(_KINDS[kind], f"{path}: kind {kind!r}")
+    try:
+        files, weights = _datasets(fields.pop("datasets", None), path.parent)
+        tokenizer = fields.pop("tokenizer", "qwen")
+        if tokenizer == "qwen":
+            from zephon_core.recipes.assets import qwen_tokenizer_dir
+
+            tokenizer = qwen_tokenizer_dir()
+        if "shuffle" in fields:
+            fields["shuffle"] = settings_from_table(ShuffleSettings, fields["shuffle"], "shuffle")
+        fields.setdefault("name", path.stem)
+        fields.update(overrides)
+        _check_keys(factory, fields, kind)
+        return factory(files, tokenizer, weights=weights, **fields)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _check_keys(factory: RecipeFactory, fields: dict[str, Any], kind: str) -> None:
+    params = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return  # the factory takes any key; it reports its own
+    known = [k for k, p in list(params.items())[2:] if k != "weights"]
+    for key in fields:
+        if key not in known:
+            raise ConfigError(f"unknown key {key!r} for kind {kind!r}; known: kind, tokenizer, "
+                              f"datasets, {', '.join(known)}")
+
+
+def _datasets(tables: Any, base: Path) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """``[[datasets]]`` -> files by dataset name (relative to `base`) and weights."""
+    if not tables or not isinstance(tables, list):
+        raise ConfigError("a recipe file needs at least one [[datasets]] table")
+    files: dict[str, list[str]] = {}
+    weights: dict[str, float] = {}
+    for i, d in enumerate(tables):
+        unknown = sorted(set(d) - set(_DATASET_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; "
+                              f"known: {', '.join(_DATASET_KEYS)}")
+        if "name" not in d or not d.get("files"):
+            raise ConfigError(f"[[datasets]] #{i + 1} needs a name and a files list")
+        files[d["name"]] = [str((base / f).resolve()) for f in d["files"]]
+        weights[d["name"]] = float(d.get("weight", 1.0))
+    return files, weights
+
+
+def settings_from_table(cls: type, value: Any, key: str) -> Any:
+    """The TOML table ``[key]`` as the settings dataclass `cls`; an unknown key is named."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key!r} must be a table ([{key}])")
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in [{key}]; known: {', '.join(known)}")
+    return cls(**value)

@@ -34,9 +34,6 @@ def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[st
     from zephon_core.engine.execution import Execution
     from zephon_core.engine.simulate import run_digests
     from zephon_core.recipes.registry import load_recipe
-    from zephon_vl.cli.main import _register_vl_recipes
-
-    _register_vl_recipes()
     table: dict[int, dict[str, str]] = {}
     reference = run_digests(lambda: load_recipe(args.recipe, num_lanes=args.lanes,
                                                 global_batch_size=args.lanes),

@@ -51,8 +51,6 @@ def main() -> None:
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    import zephon_vl.recipes  # noqa: F401  (registers vlm-demo)
-
     recipe = load_recipe(args.recipe, num_lanes=args.lanes)
     loader = Loader(recipe, rank, world, Execution(runner="inline"))
     start = 0

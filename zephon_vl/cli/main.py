@@ -7,7 +7,8 @@ import json
 import sys
 from collections.abc import Callable
 
-from zephon_core.engine.execution import Execution
+from zephon_core.engine.execution import Execution, parse_runners, parse_workers
+from zephon_core.engine.runners import RUNNERS
 from zephon_core.errors import ZephonError
 
 Command = Callable[[argparse.Namespace], int]
@@ -22,22 +23,22 @@ def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentPar
 
 
 def add_execution_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("execution (never changes the data)")
-    g.add_argument("--runner", choices=["auto", "inline", "threads", "processes"],
-                   default="auto", help="default runner of every operator (auto: each "
+    g = p.add_argument_group("execution (never changes the data; defaults are Execution's)")
+    g.add_argument("--runner", choices=["auto", *RUNNERS],
+                   default=Execution.runner, help="default runner of every operator (auto: each "
                    "operator's own: processes for read, decode and tokenize, fused into one stage)")
     g.add_argument("--workers", action="append", default=[], metavar="OP=N",
                    help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
-    g.add_argument("--default-workers", type=int, default=None,
+    g.add_argument("--default-workers", type=int, default=Execution.default_workers,
                    help="workers of every operator without --workers (default: one process "
                    "per core for process stages, one thread for thread stages)")
     g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
                    help="runner of one operator, e.g. --op-runner read=threads")
-    g.add_argument("--group-size", type=int, default=8)
-    g.add_argument("--prefetch", type=int, default=None,
+    g.add_argument("--group-size", type=int, default=Execution.group_size)
+    g.add_argument("--prefetch", type=int, default=Execution.prefetch,
                    help="groups in flight per lane and stage (default: two per worker over the "
                    "rank's lanes, at least 2)")
-    g.add_argument("--prefetch-steps", type=int, default=1)
+    g.add_argument("--prefetch-steps", type=int, default=Execution.prefetch_steps)
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -54,19 +55,9 @@ def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> boo
     return ok
 
 
-def _pairs(items: list[str], cast: Callable) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ZephonError(f"expected OP=VALUE, got {item!r}")
-        out[key] = cast(value)
-    return out
-
-
 def execution_from(args: argparse.Namespace) -> Execution:
-    return Execution(runner=args.runner, workers=_pairs(args.workers, int),
-                     runners=_pairs(args.op_runner, str), default_workers=args.default_workers,
+    return Execution(runner=args.runner, workers=parse_workers(args.workers),
+                     runners=parse_runners(args.op_runner), default_workers=args.default_workers,
                      group_size=args.group_size, prefetch=args.prefetch,
                      prefetch_steps=args.prefetch_steps)
 
@@ -74,15 +65,7 @@ def execution_from(args: argparse.Namespace) -> Execution:
 def recipe_factory(args: argparse.Namespace) -> Callable:
     from zephon_core.recipes.registry import load_recipe
 
-    _register_vl_recipes()
     return lambda: load_recipe(args.recipe, num_lanes=args.lanes)
-
-
-def _register_vl_recipes() -> None:
-    try:
-        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
-    except ImportError:
-        pass
 
 
 def _digest_args(p: argparse.ArgumentParser) -> None:

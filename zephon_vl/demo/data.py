@@ -42,11 +42,14 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zephon_core.common.files import atomic_write, cache_dir
+from zephon_core.common.system import usable_cores
 from zephon_vl.wds.writer import write_shards
 
 log = logging.getLogger(__name__)
@@ -69,512 +72,14 @@ class Photo:
     qa: tuple[tuple[str, str], ...]
 
 
-PHOTOS: tuple[Photo, ...] = (
-    Photo(
-        "astronaut",
-        "astronaut.png",
-        "NASA astronaut Eileen Collins in an orange launch suit",
-        (
-            "Eileen Collins smiles at the camera in a bright orange launch and entry suit "
-            "with round mission patches on the chest.",
-            "An American flag hangs on the left side of the frame, and a model of the Space "
-            "Shuttle stands on the right.",
-            "A black helmet with a glossy visor rests in the lower right corner.",
-            "The mottled grey backdrop is typical of official NASA crew portraits.",
-            "A metal neck ring for the helmet rises around the collar of her suit.",
-        ),
-        (
-            (
-                "What is the person in this picture wearing?",
-                "She is wearing an orange launch and entry suit, the pressure suit Space Shuttle "
-                "crews wore for launch and landing, with round mission patches on the chest.",
-            ),
-            (
-                "What objects can be seen next to her?",
-                "An American flag is on the left, a model of the Space Shuttle with its external "
-                "tank and boosters stands on the right, and a black helmet sits in front of her.",
-            ),
-            (
-                "Where was this photo most likely taken?",
-                "It looks like an official portrait taken in a studio, with a mottled grey "
-                "backdrop and props chosen to represent the space program.",
-            ),
-        ),
-    ),
-    Photo(
-        "camera",
-        "camera.png",
-        "a man filming with a camera on a tripod",
-        (
-            "A man in a dark coat stands on a lawn and looks through the viewfinder of a "
-            "camera mounted on a tripod.",
-            "The photo is in black and white, with strong contrast between his dark clothing "
-            "and the pale sky.",
-            "Low buildings and a tall slender tower are visible on the horizon behind him.",
-            "The legs of the tripod spread wide over the short grass in the foreground.",
-        ),
-        (
-            (
-                "What is the man doing?",
-                "He is looking through the viewfinder of a camera on a tripod, apparently lining "
-                "up a shot of something to his right.",
-            ),
-            (
-                "Is this a colour photograph?",
-                "No, it is a greyscale image. The man's coat is almost black and the sky is a "
-                "light, even grey.",
-            ),
-            (
-                "What is in the background?",
-                "Behind the man there is a flat lawn and, far off on the horizon, a few buildings "
-                "and a tall slender tower.",
-            ),
-        ),
-    ),
-    Photo(
-        "chelsea",
-        "chelsea.png",
-        "a tabby cat called Chelsea",
-        (
-            "The close-up shows the face of a tabby cat with striped ginger and brown fur.",
-            "Her wide green eyes look straight at the viewer, and long white whiskers fan out "
-            "from her pink nose.",
-            "The background is soft and out of focus, in warm reddish tones.",
-            "Dark stripes run from the top of her head down between her ears.",
-        ),
-        (
-            (
-                "What animal is this?",
-                "It is a domestic tabby cat, photographed close up so that her face fills most "
-                "of the frame.",
-            ),
-            (
-                "What colour are the cat's eyes?",
-                "Her eyes are a yellowish green with large dark pupils.",
-            ),
-            (
-                "Is the background sharp?",
-                "No, the background is blurred into soft reddish and brown tones, which keeps "
-                "attention on the cat's face.",
-            ),
-        ),
-    ),
-    Photo(
-        "clock",
-        "clock_motion.png",
-        "a wall clock blurred by camera motion",
-        (
-            "The photo shows a round wall clock, but the camera moved during the exposure.",
-            "Motion blur smears the clock face into a soft pale oval in the middle of the frame.",
-            "The surrounding wall is a smooth, even grey with no other details.",
-            "Images like this one are used to test deblurring algorithms.",
-        ),
-        (
-            (
-                "Why is the object in the middle so blurry?",
-                "The camera moved sideways while the shutter was open, so the round clock face "
-                "is smeared into a soft oval.",
-            ),
-            (
-                "What is the object in the picture?",
-                "It is a wall clock, although the motion blur hides the hands and the numbers "
-                "on its face.",
-            ),
-            (
-                "Can you read the time?",
-                "No. The blur is too strong to make out the hands, so the time cannot be read "
-                "from this image.",
-            ),
-        ),
-    ),
-    Photo(
-        "coffee",
-        "coffee.png",
-        "a cup of coffee on a saucer",
-        (
-            "A red ceramic cup full of espresso sits on a matching red saucer.",
-            "A small metal spoon rests on the saucer beside the cup.",
-            "The table is made of warm brown wood, and the light comes from the upper left.",
-            "A thin layer of golden crema covers the coffee.",
-        ),
-        (
-            (
-                "What drink is in the cup?",
-                "It looks like an espresso or a small black coffee, with a layer of golden crema "
-                "on top.",
-            ),
-            (
-                "What colour is the cup?",
-                "The cup and its saucer are both a deep glossy red, and the inside of the cup "
-                "is white.",
-            ),
-            (
-                "What is the table made of?",
-                "It appears to be a wooden table with a warm brown finish and visible grain.",
-            ),
-        ),
-    ),
-    Photo(
-        "coins",
-        "coins.png",
-        "a collection of ancient Greek coins",
-        (
-            "The full photo shows twenty-four ancient coins laid out in four neat rows.",
-            "The greyscale photo shows worn heads and figures stamped into each coin.",
-            "The coins differ slightly in size, and some of them are chipped at the edges.",
-            "The coins are Greek and were found at Pompeii.",
-        ),
-        (
-            (
-                "What are these objects?",
-                "They are ancient Greek coins found at Pompeii, photographed in greyscale.",
-            ),
-            (
-                "What is shown on the coins?",
-                "Most coins show a head in profile or a standing figure, worn down by age.",
-            ),
-            (
-                "Is this photo in colour?",
-                "No, it is a greyscale photo, so the coins appear as light grey discs on a "
-                "darker grey background.",
-            ),
-        ),
-    ),
-    Photo(
-        "hubble_deep_field",
-        "hubble_deep_field.jpg",
-        "the Hubble eXtreme Deep Field",
-        (
-            "Thousands of distant galaxies appear as small coloured specks against the black "
-            "of space.",
-            "Some galaxies are spirals or ellipses a few pixels across, while others are "
-            "faint red dots.",
-            "The image was assembled from many long exposures by the Hubble Space Telescope.",
-            "Almost every point of light here is a galaxy rather than a star.",
-        ),
-        (
-            (
-                "What are the small dots of light?",
-                "Nearly all of them are galaxies, many of them billions of light years away; "
-                "only a few are foreground stars in our own galaxy.",
-            ),
-            (
-                "Which telescope took this image?",
-                "It is the Hubble eXtreme Deep Field, made by combining many long exposures from "
-                "the Hubble Space Telescope.",
-            ),
-            (
-                "Why do some galaxies look red?",
-                "The most distant galaxies look red because the expansion of the universe has "
-                "stretched their light to longer wavelengths.",
-            ),
-        ),
-    ),
-    Photo(
-        "immunohistochemistry",
-        "ihc.png",
-        "a tissue section stained for immunohistochemistry",
-        (
-            "The microscope image shows a thin slice of colon tissue stained with two dyes.",
-            "Brown staining marks cells that carry the targeted protein, while the blue "
-            "haematoxylin stain shows cell nuclei.",
-            "Curving glands lined with brown cells run across the frame, surrounded by paler "
-            "connective tissue.",
-            "Slides like this show pathologists where a protein is expressed.",
-        ),
-        (
-            (
-                "What kind of image is this?",
-                "It is a light microscope image of a tissue section prepared with "
-                "immunohistochemistry, which stains a chosen protein brown.",
-            ),
-            (
-                "What do the blue spots show?",
-                "The small blue spots are cell nuclei counterstained with haematoxylin.",
-            ),
-            (
-                "What do the brown regions mean?",
-                "Brown marks where the antibody bound to its target protein, so the brown cells "
-                "are the ones expressing it.",
-            ),
-        ),
-    ),
-    Photo(
-        "moon",
-        "moon.png",
-        "the cratered surface of the Moon",
-        (
-            "The greyscale photo shows a patch of the lunar surface seen from above.",
-            "Small round craters and dark patches stand out on an otherwise smooth grey plain.",
-            "Light and shadow reveal the rims of several small craters.",
-            "There is no sky or horizon in the frame, only the ground.",
-        ),
-        (
-            (
-                "What is shown in this picture?",
-                "It shows a small area of the Moon's surface in greyscale, with a few craters "
-                "and some darker patches of ground.",
-            ),
-            (
-                "Are there any craters?",
-                "Yes, several small round craters are visible, their rims picked out by light "
-                "and shadow.",
-            ),
-            ("Is this a colour image?", "No, it is a single-channel greyscale image."),
-        ),
-    ),
-    Photo(
-        "page",
-        "page.png",
-        "a printed page from an image processing tutorial",
-        (
-            "The photo shows part of a printed page with the heading Region-based segmentation.",
-            "A paragraph below the heading explains how to mark the coins and the background "
-            "before segmenting them.",
-            "A line of Python code at the bottom creates an array of markers with NumPy.",
-            "The lighting is uneven, which makes this page a standard test for thresholding "
-            "methods.",
-        ),
-        (
-            ("What is the heading of the page?", "The heading reads Region-based segmentation."),
-            (
-                "What is the text about?",
-                "It explains that markers for the coins and the background are taken from the "
-                "two extreme parts of the histogram of grey values.",
-            ),
-            (
-                "Is there any code on the page?",
-                "Yes, at the bottom there is a line of Python that starts with "
-                "markers = np.zeros_like(coins).",
-            ),
-        ),
-    ),
-    Photo(
-        "retina",
-        "retina.jpg",
-        "a fundus photograph of a human retina",
-        (
-            "The round image shows the back of a human eye, photographed through the pupil.",
-            "Dark red blood vessels branch out from the bright optic disc on the left side.",
-            "The darker spot near the centre is the macula, the area responsible for sharp "
-            "central vision.",
-            "Everything outside the circular field of view is black.",
-        ),
-        (
-            (
-                "What part of the body is this?",
-                "It is the retina, the light-sensitive layer at the back of the eye, seen in a "
-                "fundus photograph.",
-            ),
-            (
-                "What is the bright spot on the left?",
-                "That is the optic disc, where the optic nerve and the main blood vessels enter "
-                "the eye.",
-            ),
-            (
-                "Why is the image round?",
-                "The camera looks through the pupil, so it only sees a circular field; the "
-                "corners outside it are black.",
-            ),
-        ),
-    ),
-    Photo(
-        "rocket",
-        "rocket.jpg",
-        "a Falcon 9 rocket on its launch pad",
-        (
-            "A white Falcon 9 rocket stands upright on the launch pad against a deep blue "
-            "evening sky.",
-            "Tall lightning protection towers rise on both sides of the rocket.",
-            "Bright floodlights at the base of the pad shine toward the camera.",
-            "This launch photo shows the rocket that carried the DSCOVR satellite in 2015.",
-        ),
-        (
-            (
-                "What is in the middle of the image?",
-                "A Falcon 9 rocket standing vertically on its launch pad, lit by floodlights.",
-            ),
-            (
-                "What time of day is it?",
-                "It is around dusk: the sky is dark blue and the pad is lit by artificial lights.",
-            ),
-            (
-                "What are the tall structures around the rocket?",
-                "They are lightning protection towers that draw strikes away from the rocket.",
-            ),
-        ),
-    ),
-    Photo(
-        "text",
-        "text.png",
-        "handwritten mathematics on a sheet of paper",
-        (
-            "The greyscale photo shows handwritten equations on a sheet of paper, seen at a slant.",
-            "Symbols, fractions and brackets are written in dark ink across several lines.",
-            "The paper is lit unevenly, brighter on one side than the other.",
-            "Images like this are used to test how well text can be separated from paper.",
-        ),
-        (
-            (
-                "What is written on the paper?",
-                "Several lines of handwritten mathematics, with brackets, fractions and "
-                "variables in dark ink.",
-            ),
-            (
-                "Is the page photographed straight on?",
-                "No, it is seen at an angle, so the lines of writing slope across the frame.",
-            ),
-            (
-                "Could this be read by OCR easily?",
-                "Not easily: the writing is by hand, the page is at an angle and the lighting "
-                "is uneven.",
-            ),
-        ),
-    ),
-    Photo(
-        "cell",
-        "cell.png",
-        "a single cell floating in saline",
-        (
-            "The microscope image shows one round cell floating in saline solution.",
-            "The cell appears as a bright disc on a grainy grey background.",
-            "It was recorded as a quantitative phase image, reconstructed from a digital hologram.",
-            "Faint ripples in the background come from the optics of the microscope.",
-        ),
-        (
-            (
-                "What is the bright round object?",
-                "It is a single cell floating in saline, seen under a microscope.",
-            ),
-            (
-                "How was this image made?",
-                "It is a quantitative phase image reconstructed from a digital hologram, so "
-                "brightness shows how much the cell delays the light.",
-            ),
-            (
-                "How many cells are in the field of view?",
-                "Just one; the rest of the field is empty saline.",
-            ),
-        ),
-    ),
-    Photo(
-        "brick",
-        "brick.png",
-        "a wall of long narrow bricks",
-        (
-            "The greyscale photo shows a wall built from long, narrow bricks.",
-            "The bricks are laid in offset rows, with pale mortar lines between them.",
-            "The wall is seen at a slight angle, so the rows are not quite parallel to the frame.",
-            "Its repeating pattern makes it a common test image for texture analysis.",
-        ),
-        (
-            (
-                "What surface is shown?",
-                "A brick wall made of long narrow bricks laid in staggered rows.",
-            ),
-            (
-                "What is the pattern of the bricks?",
-                "They are laid in a running bond: each row is shifted so that its joints do not "
-                "line up with the row below.",
-            ),
-            ("Is this image in colour?", "No, it is greyscale."),
-        ),
-    ),
-    Photo(
-        "grass",
-        "grass.png",
-        "a patch of grass",
-        (
-            "The greyscale photo is filled edge to edge with short, dry grass.",
-            "Thin blades cross each other in every direction, forming a dense, tangled texture.",
-            "There is no sky or horizon, only the grass seen from above.",
-        ),
-        (
-            (
-                "What does this picture show?",
-                "A close view of grass, with thin blades crossing in all directions and no "
-                "other objects.",
-            ),
-            ("Is there anything other than grass?", "No, the grass fills the entire frame."),
-            (
-                "Is the grass lit evenly?",
-                "Mostly, yes; there are small dark gaps between the blades but no large shadows.",
-            ),
-        ),
-    ),
-    Photo(
-        "gravel",
-        "gravel.png",
-        "a bed of gravel",
-        (
-            "The greyscale photo shows a surface covered with small, angular pieces of gravel.",
-            "Each stone catches the light on one side and casts a small shadow on the other.",
-            "The stones are roughly the same size and fill the frame evenly.",
-        ),
-        (
-            (
-                "What is on the ground?",
-                "Small angular stones of gravel, packed closely together across the whole frame.",
-            ),
-            (
-                "Are the stones round or sharp?",
-                "Most of them are angular, with flat faces and sharp edges, like crushed rock.",
-            ),
-            ("Is this a colour photo?", "No, it is greyscale."),
-        ),
-    ),
-    Photo(
-        "horse",
-        "horse.png",
-        "the black silhouette of a horse",
-        (
-            "The image shows the black silhouette of a horse standing in profile on a white "
-            "background.",
-            "The horse faces to the right, with its head raised and its tail hanging down.",
-            "There is no texture or shading, only a solid black shape.",
-            "Binary shapes like this are used to test skeletonization and shape analysis.",
-        ),
-        (
-            ("What animal is shown?", "A horse, drawn as a solid black silhouette in side view."),
-            ("Which way is the horse facing?", "It faces to the right."),
-            (
-                "Does the image have any colours?",
-                "No, it has only two values: black for the horse and white for the background.",
-            ),
-        ),
-    ),
-    *(
-        Photo(
-            f"motorcycle_{side}",
-            f"motorcycle_{side}.png",
-            "a red motorcycle parked in a storage room",
-            (
-                "A red motorcycle with a black seat and chrome exhaust pipes is parked indoors.",
-                "Behind it, metal shelves hold cardboard boxes and other stored things.",
-                f"The photo is the {side} view of a stereo pair taken from two slightly "
-                "different positions.",
-                "The floor is plain concrete and the lighting is bright and even.",
-            ),
-            (
-                (
-                    "What colour is the motorcycle?",
-                    "The fuel tank and fenders are bright red, and the seat is black.",
-                ),
-                (
-                    "Where is the motorcycle?",
-                    "It is parked indoors, in a storage room or garage with shelves of boxes "
-                    "behind it.",
-                ),
-                (
-                    "Why would there be two versions of this photo?",
-                    "It belongs to a stereo pair: two cameras a short distance apart took it, "
-                    "so depth can be estimated from the differences between the views.",
-                ),
-            ),
-        )
-        for side in ("left", "right")
-    ),
-)
+def _load_photos() -> tuple[Photo, ...]:
+    """The photos and their hand-written descriptions, from ``captions.json`` beside this module."""
+    raw = json.loads(resources.files(__package__).joinpath("captions.json").read_text("utf-8"))
+    return tuple(Photo(p["name"], p["file"], p["subject"], tuple(p["sentences"]),
+                       tuple((q, a) for q, a in p["qa"])) for p in raw)
+
+
+PHOTOS: tuple[Photo, ...] = _load_photos()
 # Colour photos large enough to pan and zoom over for the video samples.
 VIDEO_PHOTOS = (
     "astronaut",
@@ -787,8 +292,9 @@ def _interleaved_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> 
 
 
 def _video_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> dict[str, Any]:
-    import av
     from PIL import Image
+
+    from zephon_vl.testing.video import encode_test_video
 
     names = [p for p in photos if p.name in VIDEO_PHOTOS] or list(photos)
     p = names[rng.integers(len(names))]
@@ -796,7 +302,7 @@ def _video_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> dict[s
     sw, sh = src.size
     fps = int(rng.choice([8, 10, 12]))
     dur = float(rng.choice([2.0, 2.5, 3.0]))
-    frames = int(round(fps * dur))
+    frames_n = int(round(fps * dur))
     bw = min(sw, sh * 4 / 3)  # largest 4:3 box
     motion = ("pans across", "zooms into", "zooms out of")[rng.integers(3)]
     if motion == "pans across":
@@ -807,23 +313,17 @@ def _video_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> dict[s
         w0, w1 = (big, small) if motion == "zooms into" else (small, big)
         ax, ay = rng.uniform(0.2, 0.8, size=2)
         bx, by = ax, ay
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
-        stream.codec_context.thread_count = 1  # one thread: same bytes on every machine
-        stream.options = {"crf": "28", "preset": "fast"}
-        for f in range(frames):
-            t = f / max(1, frames - 1)
+    def frames() -> Iterator[np.ndarray]:
+        for f in range(frames_n):
+            t = f / max(1, frames_n - 1)
             bwt = w0 + (w1 - w0) * t
             bht = bwt * 3 / 4
             x = (ax + (bx - ax) * t) * (sw - bwt)
             y = (ay + (by - ay) * t) * (sh - bht)
             img = src.resize((320, 240), Image.Resampling.BILINEAR, box=(x, y, x + bwt, y + bht))
-            for packet in stream.encode(av.VideoFrame.from_image(img)):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+            yield np.asarray(img)
+
+    mp4 = encode_test_video(frames(), fps, crf=28, preset="fast")
     txt = " ".join(
         [
             f"A {dur:g}-second clip at {fps} frames per second that slowly {motion} a photo of "
@@ -831,7 +331,7 @@ def _video_sample(rng: np.random.Generator, photos: tuple[Photo, ...]) -> dict[s
             *_pick(rng, p.sentences, int(rng.integers(1, 3))),
         ]
     )
-    return {"mp4": buf.getvalue(), "txt": txt}
+    return {"mp4": mp4, "txt": txt}
 
 
 _MAKERS = {
@@ -893,10 +393,8 @@ class DemoDataset:
 
 
 def default_demo_dir() -> Path:
-    """``$ZEPHON_CACHE/demo-vlm-<version>``, else ``~/.cache/zephon-vl/demo-vlm-<version>``."""
-    root = os.environ.get("ZEPHON_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "zephon-vl"
-    return base / f"demo-vlm-{DEMO_VERSION}"
+    """``demo-vlm-<version>`` in zephon's cache (``$ZEPHON_CACHE``, else ``~/.cache/zephon-vl``)."""
+    return cache_dir() / f"demo-vlm-{DEMO_VERSION}"
 
 
 def _params(num_samples: int, seed: int, videos: int, samples_per_shard: int) -> dict[str, int]:
@@ -960,12 +458,7 @@ def build_demo_dataset(
         return found
     t0 = time.perf_counter()
     if workers is None:
-        workers = min(
-            4,
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1,
-        )
+        workers = min(4, usable_cores())
     out.mkdir(parents=True, exist_ok=True)
     old = _old_shards(out)
     (out / MANIFEST).unlink(missing_ok=True)
@@ -1015,9 +508,7 @@ def build_demo_dataset(
         "total_bytes": ds.total_bytes,
         "build_seconds": ds.build_seconds,
     }
-    tmp_man = out / f"{MANIFEST}.tmp-{os.getpid()}"
-    tmp_man.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp_man, out / MANIFEST)
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1))
     log.info(
         "built demo dataset in %s: %d samples, %.1f MB, %.1f s",
         out,

@@ -54,6 +54,10 @@ __all__ = [
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
+#: Sample member (and image file) extensions that hold an image: what the shard
+#: writer packs, and what the decoder looks for in a sample.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
 Image.init()
 #: Formats we try to open. PIL would otherwise probe dozens of exotic plugins,
 #: EPS among them (which runs Ghostscript): slower, and an attack surface.

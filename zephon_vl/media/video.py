@@ -28,7 +28,7 @@ from zephon_vl.media.image import (
     warn_if_not_simd,
 )
 
-__all__ = ["VideoSettings", "encode_test_video", "process_video", "sample_frame_indices"]
+__all__ = ["VideoSettings", "process_video", "sample_frame_indices"]
 
 
 @dataclass(frozen=True)
@@ -164,32 +164,3 @@ def process_video(
     except Exception as e:  # PyAV / FFmpeg / PIL failures on bad bytes
         raise BadSampleError("corrupt_video", where, f"{type(e).__name__}: {e}") from None
     return finish_patches(frames, image_settings)
-
-
-def encode_test_video(frames: list[np.ndarray], fps: int) -> bytes:
-    """Encode HWC uint8 RGB frames (even sides) as an in-memory mp4, near-lossless.
-
-    For tests and demo data; uses libx264 (crf 0) when present, else h264 or mpeg4.
-    """
-    if not frames:
-        raise ValueError("encode_test_video needs at least one frame")
-    h, w = frames[0].shape[:2]
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format="mp4") as container:
-        for codec in ("libx264", "h264", "mpeg4"):
-            if codec in av.codecs_available:
-                break
-        else:
-            raise RuntimeError("PyAV has no h264 or mpeg4 encoder here")
-        options = {"crf": "0", "preset": "ultrafast"} if codec == "libx264" else {}
-        stream = container.add_stream(codec, rate=fps, options=options)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        if codec == "mpeg4":
-            stream.codec_context.qscale = 1  # type: ignore[attr-defined]
-        for arr in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return buf.getvalue()

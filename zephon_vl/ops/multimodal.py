@@ -29,10 +29,9 @@ from zephon_core.ops.text import TokenizerTransform
 from zephon_core.records import Element
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
-from zephon_vl.media.image import ImageSettings, VisionPatches, process_image
+from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, process_video
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
 IMAGE_PLACEHOLDER = "<image>"
 

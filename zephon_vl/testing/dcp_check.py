@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from zephon_core.common.digest import batch_digest
+from zephon_core.engine.execution import Execution
 from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader
 
 TEXT_KEYS = ("input", "labels", "positions")
@@ -53,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--resume", default=None)
+    p.add_argument("--runner", default=Execution.runner)
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZephonDataLoader.Config(recipe=args.recipe, num_lanes=args.lanes,
-                                  global_batch_size=args.global_batch)
+                                  global_batch_size=args.global_batch, runner=args.runner)
     dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=args.seq_len,
                    local_batch_size=args.local_batch, snapshot_every_n_steps=None)
     out = Path(args.out)

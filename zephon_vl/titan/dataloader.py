@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_core.engine.execution import Execution
+from zephon_core.engine.execution import Execution, parse_workers
 from zephon_core.engine.loader import Loader
 from zephon_core.engine.state_check import parse_state
 from zephon_core.errors import CheckpointError, ConfigError
@@ -52,25 +52,6 @@ log = logging.getLogger(__name__)
 STATE_KEY = "zephon_state"
 STATE_FORMAT = "zephon-titan-dataloader"
 STATE_VERSION = 1
-
-
-def parse_workers(spec: str) -> dict[str, int]:
-    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}``."""
-    out: dict[str, int] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit():
-            raise ConfigError(f"workers: expected OP=N items separated by commas, got {item!r} "
-                              "(e.g. 'decode=2,tokenize=1')")
-        out[name.strip()] = int(value)
-    return out
-
-
-def _register_vl_recipes() -> None:
-    try:
-        import zephon_vl.recipes  # noqa: F401  (registers vlm-demo and kind "vlm")
-    except ImportError:  # pragma: no cover - the vl extra is missing
-        pass
 
 
 def preset_image_settings(name: str, max_pixels: int) -> Any:
@@ -150,8 +131,9 @@ class ZephonDataLoader(BaseDataLoader):
         max_pixels: int = 128 * 32 * 32
         """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
 
-        runner: str = "inline"
-        """Execution knob (never changes a batch): inline, threads, processes or auto."""
+        runner: str = Execution.runner
+        """Execution knob (never changes a batch): auto (the default: processes for read,
+        decode and tokenize), inline, threads or processes."""
 
         workers: str = ""
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
@@ -159,11 +141,11 @@ class ZephonDataLoader(BaseDataLoader):
         default_workers: int = 0
         """Workers of operators not named in ``workers``; 0 = one process per core."""
 
-        group_size: int = 8
+        group_size: int = Execution.group_size
         prefetch: int = 0
         """Groups in flight per lane and stage; 0 = two per worker over the rank's lanes."""
 
-        prefetch_steps: int = 1
+        prefetch_steps: int = Execution.prefetch_steps
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
 
@@ -193,7 +175,6 @@ class ZephonDataLoader(BaseDataLoader):
         G = config.global_batch_size or local_batch_size * dp_world_size
         self.microbatches = check_geometry(config.num_lanes, G, dp_world_size,
                                            local_batch_size)
-        _register_vl_recipes()
         overrides: dict[str, Any] = {}
         if not config.infinite:
             overrides["epochs"] = 1

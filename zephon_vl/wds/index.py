@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.files import atomic_write
 from zephon_core.errors import BadSampleError, ZephonError
 
 log = logging.getLogger(__name__)
@@ -196,17 +197,6 @@ def _cache_paths(shard: Path, cache_dir: Path | None) -> list[Path]:
     return [cache_dir / f"{shard.name}.{digest}{INDEX_SUFFIX}", beside]
 
 
-def _write_atomic(path: Path, obj: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load_index(shard: str | Path, cache_dir: str | Path | None = None) -> ShardIndex:
     """The index of `shard`, from its cache when size and mtime still match, else rebuilt."""
     shard = Path(shard)
@@ -230,7 +220,7 @@ def load_index(shard: str | Path, cache_dir: str | Path | None = None) -> ShardI
         log.info("%s changed since it was indexed; rebuilding its index", shard)
     idx = scan_shard(shard)
     try:
-        _write_atomic(paths[0], idx.to_json())
+        atomic_write(paths[0], json.dumps(idx.to_json(), separators=(",", ":")))
     except OSError as e:
         log.warning(
             "cannot write index cache %s (%s); the index lives in memory only. "

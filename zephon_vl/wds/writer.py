@@ -15,9 +15,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from zephon_vl.media.image import IMAGE_EXTS
+
 log = logging.getLogger(__name__)
 
-IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
+#: image file suffix -> member extension (``.jpeg`` files become ``jpg`` members)
+IMAGE_SUFFIXES = {f".{e}": "jpg" if e == "jpeg" else e for e in IMAGE_EXTS}
 CAPTION_EXTS = {".txt": "txt", ".json": "json"}
 _PARTIAL = ".partial"
 _MTIME = 0  # fixed member mtime: reproducible bytes (an int: a float adds a pax header per member)
@@ -88,13 +91,13 @@ def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
     groups: dict[Path, dict[str, Path]] = {}
     for p in folder.rglob("*"):
         ext = p.suffix.lower()
-        if p.is_file() and (ext in IMAGE_EXTS or ext in CAPTION_EXTS):
+        if p.is_file() and (ext in IMAGE_SUFFIXES or ext in CAPTION_EXTS):
             groups.setdefault(p.with_suffix(""), {})[ext] = p
     no_caption = orphans = 0
     seen: dict[str, Path] = {}
     for stem in sorted(groups, key=lambda q: q.relative_to(folder).as_posix()):
         files = groups[stem]
-        images = sorted(e for e in files if e in IMAGE_EXTS)
+        images = sorted(e for e in files if e in IMAGE_SUFFIXES)
         if not images:
             orphans += 1
             continue
@@ -111,7 +114,7 @@ def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
         seen[key] = stem
         sample: dict[str, Any] = {"__key__": key}
         img = images[0]
-        sample[IMAGE_EXTS[img]] = files[img].read_bytes()
+        sample[IMAGE_SUFFIXES[img]] = files[img].read_bytes()
         captions = [e for e in CAPTION_EXTS if e in files]
         if not captions:
             no_caption += 1
