@@ -289,6 +289,7 @@ def finite_rank_main(rank: int, world: int, init_file: str, spec: Spec, out: str
     import torch.distributed as dist
 
     from zephon_core.common.digest import batch_digest
+    from zephon_core.engine.execution import Execution
     from zephon_core.engine.loader import Loader
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,

@@ -20,7 +20,8 @@ from zephon_vl.cli.main import add_execution_args, command, execution_from, prin
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--save-at", type=int, default=4)
+    p.add_argument("--save-at", type=int, default=None,
+                   help="checkpoint after this many steps (default: half of --steps)")
     p.add_argument("--lanes", type=int, default=8)
     p.add_argument("--dp", type=int, default=2, help="ranks of the uninterrupted run")
     p.add_argument("--resume-dp", default="1,4,8", help="rank counts to resume on")
@@ -31,10 +32,16 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 @command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
 def cmd_demo(args: argparse.Namespace) -> int:
+    from zephon_core.errors import ConfigError
     from zephon_vl.demo.data import build_demo_dataset
     from zephon_vl.media.image import pillow_backend
     from zephon_vl.recipes import vlm_demo
 
+    if args.save_at is None:
+        args.save_at = max(1, args.steps // 2)
+    if not 1 <= args.save_at < args.steps:
+        raise ConfigError(f"--save-at {args.save_at} must lie in [1, --steps) = [1, {args.steps}): "
+                          "the resumed runs continue from the saved step")
     t0 = time.perf_counter()
     demo = build_demo_dataset(num_samples=args.samples)
     print(f"data: {demo.num_samples} samples, {demo.num_images} images in {len(demo.shards)} "
