@@ -1,0 +1,71 @@
+"""zephon_vl: vision-language data on zephon_core's engine, and its TorchTitan integration.
+
+The public names are importable from here (``from zephon_vl import vlm_recipe,
+ImageSettings``); they resolve lazily, so importing the package does not
+import PIL, av or torch's distributed stack. The layers (see
+docs/architecture.md): ``media`` and ``wds`` -> ``families`` and ``ops`` ->
+``recipes``; ``cli``, ``demo``, ``titan`` and ``testing`` sit on top.
+TorchTitan's dataloader lives in ``zephon_vl.titan.dataloader`` (importing it
+imports torchtitan).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # media
+    "IMAGE_EXTS": "zephon_vl.media.image",
+    "ImageSettings": "zephon_vl.media.image",
+    "VisionPatches": "zephon_vl.media.image",
+    "normalize_patches": "zephon_vl.media.image",
+    "patch_rows": "zephon_vl.media.image",
+    "pillow_backend": "zephon_vl.media.image",
+    "process_image": "zephon_vl.media.image",
+    "smart_resize": "zephon_vl.media.image",
+    "VideoSettings": "zephon_vl.media.video",
+    "process_video": "zephon_vl.media.video",
+    # shards
+    "ShardIndex": "zephon_vl.wds.index",
+    "WebDatasetReader": "zephon_vl.wds.index",
+    "load_index": "zephon_vl.wds.index",
+    "shards_from_folder": "zephon_vl.wds.writer",
+    "write_shards": "zephon_vl.wds.writer",
+    # model families
+    "ModelFamily": "zephon_vl.families.base",
+    "TitanOptions": "zephon_vl.families.base",
+    "VisionFamily": "zephon_vl.families.base",
+    "QwenVL": "zephon_vl.families.qwen",
+    "family_names": "zephon_vl.families.registry",
+    "get_family": "zephon_vl.families.registry",
+    "recipe_family": "zephon_vl.families.registry",
+    "register_family": "zephon_vl.families.registry",
+    "unregister_family": "zephon_vl.families.registry",
+    "vision_family": "zephon_vl.families.registry",
+    # operators and collate
+    "DecodeVision": "zephon_vl.ops.multimodal",
+    "TokenizeMultimodal": "zephon_vl.ops.multimodal",
+    "VLCollate": "zephon_vl.ops.collate",
+    # recipes and demo data
+    "vlm_demo": "zephon_vl.recipes",
+    "vlm_recipe": "zephon_vl.recipes",
+    "DemoDataset": "zephon_vl.demo.data",
+    "build_demo_dataset": "zephon_vl.demo.data",
+    "default_demo_dir": "zephon_vl.demo.data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zephon_vl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
