@@ -29,8 +29,9 @@ _IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
 
 
 def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
+    from zephon_core import Element, Origin
     from zephon_core.engine import shm
-    from zephon_core.records import Element, Origin
+    from zephon_vl import process_video
     from zephon_vl.media.image import (
         decode_rgb,
         finish_patches,
@@ -38,7 +39,6 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
         resize_rgb,
         target_size,
     )
-    from zephon_vl.media.video import process_video
 
     work = Work.build(spec)
     read, decode_op, tokenize_op = work.fn.transforms

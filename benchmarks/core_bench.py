@@ -20,17 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_core.data.read import Read
-from zephon_core.data.readers import InMemoryReader
-from zephon_core.data.sources import Dataset
-from zephon_core.engine.checkpoint import merge_states
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.ops.contract import Map
-from zephon_core.ops.pack import Pack
-from zephon_core.ops.shuffle import Shuffle
-from zephon_core.recipes.recipe import Recipe
-from zephon_core.recipes.text import text_demo
+from zephon_core import (
+    Dataset,
+    Execution,
+    InMemoryReader,
+    Loader,
+    Map,
+    Pack,
+    Read,
+    Recipe,
+    Shuffle,
+    merge_states,
+    text_demo,
+)
 
 
 def synthetic_tokens(sample: dict) -> dict:

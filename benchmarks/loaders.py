@@ -29,9 +29,7 @@ from typing import Any
 
 from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
-from zephon_core.engine.observe import StageEvent
-from zephon_core.ops.contract import Row
-from zephon_core.records import Dropped, Origin, Pointer
+from zephon_core import Dropped, Origin, Pointer, Row, StageEvent
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
 
@@ -127,7 +125,7 @@ def zephon_execution(cli_args: list[str]) -> Any:
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     """`params["cli"]`: execution options as on the command line, e.g. ``--workers decode=2``."""
-    from zephon_core.engine.loader import Loader
+    from zephon_core import Loader
 
     recipe = spec.recipe()
     ex = zephon_execution(list(params.get("cli", [])))

@@ -43,7 +43,7 @@ def _worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from zephon_core.common.digest import batch_digest
+    from zephon_core import batch_digest
     from zephon_vl.testing.tiny_model import build_model, fold_vocab, make_optimizer, train_step
     from zephon_vl.titan.dataloader import ZephonDataLoader
 

@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zephon_core.common.files import atomic_write
-from zephon_core.common.system import usable_cores
+from zephon_core import atomic_write, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
@@ -163,7 +162,7 @@ def preload(spec_json: dict) -> None:
     from zephon_bench.loaders import RUNNERS  # noqa: F401
     from zephon_bench.workload import WorkSpec
 
-    from zephon_core.engine.loader import Loader  # noqa: F401
+    from zephon_core import Loader  # noqa: F401
 
     WorkSpec.from_json(spec_json).recipe()
 
@@ -311,7 +310,7 @@ def machine_info() -> dict:
         except md.PackageNotFoundError:
             return None
 
-    from zephon_vl.media.image import pillow_backend
+    from zephon_vl import pillow_backend
 
     return {
         "nproc": usable_cores(),
@@ -415,7 +414,7 @@ def render(path: str, out: Path) -> dict:
 
 
 def _data(args: argparse.Namespace, samples: int) -> Any:
-    from zephon_vl.demo.data import build_demo_dataset, default_demo_dir
+    from zephon_vl import build_demo_dataset, default_demo_dir
 
     if args.data:
         out = Path(args.data)
@@ -434,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
     from zephon_bench.report import chart, markdown
     from zephon_bench.workload import WorkSpec
 
-    from zephon_core.recipes.assets import qwen_tokenizer_dir
+    from zephon_core import qwen_tokenizer_dir
 
     if args.render:
         report = render(args.render, Path(args.out or "bench-out"))
@@ -457,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
     spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
                     draft=args.draft, epochs=epochs)
     # index the shards once here, so no run pays for it
-    from zephon_vl.wds.index import WebDatasetReader
+    from zephon_vl import WebDatasetReader
 
     reader = WebDatasetReader(list(spec.shards))
     for s in range(reader.num_shards):

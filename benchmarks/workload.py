@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.ops.contract import CombinerOp, Row, StageFn, Transform
-from zephon_core.records import Dropped, Element, Origin, Pointer
+from zephon_core import CombinerOp, Dropped, Element, Origin, Pointer, Row, StageFn, Transform
 
 
 @dataclass(frozen=True)
@@ -55,13 +54,13 @@ class WorkSpec:
         return cls(**{**d, "shards": tuple(d["shards"])})
 
     def image_settings(self) -> Any:
-        from zephon_vl.media.image import ImageSettings
+        from zephon_vl import ImageSettings
 
         return ImageSettings(max_pixels=self.max_pixels, draft=self.draft)
 
     def recipe(self) -> Any:
         """zephon's VLM recipe over the shards, one epoch (every sample exactly once)."""
-        from zephon_vl.recipes import vlm_recipe
+        from zephon_vl import vlm_recipe
 
         return vlm_recipe(list(self.shards), self.tokenizer, seq_len=self.seq_len,
                           global_batch_size=self.batch_rows, num_lanes=self.num_lanes,

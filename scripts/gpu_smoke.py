@@ -45,7 +45,7 @@ def _loaders(args: argparse.Namespace, dp: int) -> list:
 def _global_step(loaders: list, iters: list) -> tuple[list, str]:
     import torch
 
-    from zephon_core.common.digest import batch_digest
+    from zephon_core import batch_digest
 
     micro = [next(it) for it, dl in zip(iters, loaders, strict=True)
              for _ in range(dl.microbatches)]

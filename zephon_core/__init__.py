@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "Combiner": "zephon_core.ops.contract",
     "CombinerOp": "zephon_core.ops.contract",
     "Operator": "zephon_core.ops.contract",
+    "StageFn": "zephon_core.ops.contract",
     "StatefulOp": "zephon_core.ops.contract",
     "Transform": "zephon_core.ops.contract",
     "IGNORE_INDEX": "zephon_core.ops.pack",

@@ -14,14 +14,17 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_core.data.read import Read
-from zephon_core.data.sources import Dataset, ShuffleSettings
-from zephon_core.errors import ConfigError
-from zephon_core.ops.pack import Pack
-from zephon_core.ops.shuffle import Shuffle
-from zephon_core.ops.text import load_tokenizer
-from zephon_core.recipes.assets import qwen_tokenizer_dir
-from zephon_core.recipes.recipe import Recipe
+from zephon_core import (
+    ConfigError,
+    Dataset,
+    Pack,
+    Read,
+    Recipe,
+    Shuffle,
+    ShuffleSettings,
+    load_tokenizer,
+    qwen_tokenizer_dir,
+)
 from zephon_core.recipes.registry import settings_from_table
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family

@@ -25,8 +25,8 @@ from zephon_bench.workload import Work, WorkSpec
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> WorkSpec:
-    from zephon_core.recipes.assets import qwen_tokenizer_dir
-    from zephon_vl.demo.data import build_demo_dataset
+    from zephon_core import qwen_tokenizer_dir
+    from zephon_vl import build_demo_dataset
 
     ds = build_demo_dataset(tmp_path_factory.mktemp("bench-data"), num_samples=14, videos=1,
                             samples_per_shard=8)

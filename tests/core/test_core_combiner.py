@@ -15,14 +15,23 @@ import pytest
 
 from tests.helpers.core import DataSpec, Spec, World, build_recipe, reference_digests
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
+from zephon_core import (
+    CheckpointError,
+    Combiner,
+    CombinerOp,
+    ConfigError,
+    Dropped,
+    Execution,
+    Loader,
+    Map,
+    Origin,
+    Pack,
+    Recipe,
+    Row,
+    Segment,
+)
 from zephon_core.engine.plan import Plan
-from zephon_core.errors import CheckpointError, ConfigError
-from zephon_core.ops.contract import Combiner, CombinerOp, Map, Recompute, Row, Segment
-from zephon_core.ops.pack import Pack
-from zephon_core.recipes.recipe import Recipe
-from zephon_core.records import Dropped, Origin
+from zephon_core.ops.contract import Recompute
 
 
 class PairRows(CombinerOp):

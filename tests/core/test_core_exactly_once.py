@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
-from zephon_core.engine.execution import Execution
-from zephon_core.records import Origin
+from zephon_core import Execution, Origin
 
 FINITE = Spec(datasets=(DataSpec((40, 27, 55), max_len=70, data_seed=5, bad_every=23),),
               num_lanes=4, rows_per_lane=2, epochs=1, shuffle_buffer=5, seq_len=32,
@@ -163,7 +162,7 @@ def test_drops_after_the_last_row_are_reported():
     recipe = build_recipe(spec)
     for doc in recipe.datasets[0].reader.shards[0]:
         doc["n"] = 4  # every document fills one row exactly
-    from zephon_core.engine.loader import Loader
+    from zephon_core import Loader
 
     with Loader(recipe, execution=Execution(runner="inline")) as loader:
         reported = []
@@ -209,7 +208,7 @@ def test_drain_delivers_the_rest_exactly_once(D, k, background):
     """`Loader.drain()` after k steps runs finite data to its end: the delivered steps plus
     the drained rows and drops account for every element of every lane, with no remainder.
     With `background`, the driver thread has made steps ahead of the consumer: drained too."""
-    from zephon_core.engine.loader import Loader
+    from zephon_core import Loader
 
     streams = lane_streams(FINITE)
     owner = owners(streams)

@@ -24,11 +24,16 @@ from tests.helpers.core import (
     reference_digests,
     run_digests,
 )
-from zephon_core.engine.checkpoint import load_state, save_state
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.errors import BadSampleError, CheckpointError, ConfigError
-from zephon_core.recipes.recipe import Recipe
+from zephon_core import (
+    BadSampleError,
+    CheckpointError,
+    ConfigError,
+    Execution,
+    Loader,
+    Recipe,
+    load_state,
+    save_state,
+)
 
 BASE = Spec(datasets=(DataSpec((12, 7, 20), data_seed=1), DataSpec((5, 9), weight=0.5)),
             num_lanes=4, rows_per_lane=2, shuffle_pos="payloads", seq_len=32)
@@ -320,14 +325,7 @@ def test_digests_depend_on_the_data():
 
 def test_a_recipe_that_drops_everything_raises_instead_of_spinning():
     """Infinite data where every document is dropped: a clear NoRowsError, not a hang."""
-    from zephon_core.data.read import Read
-    from zephon_core.data.readers import InMemoryReader
-    from zephon_core.data.sources import Dataset
-    from zephon_core.engine.loader import Loader
-    from zephon_core.errors import NoRowsError
-    from zephon_core.ops.contract import Map
-    from zephon_core.ops.pack import Pack
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Dataset, InMemoryReader, Loader, Map, NoRowsError, Pack, Read, Recipe
 
     reader = InMemoryReader([[{"n": 50}] * 20])
     ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]

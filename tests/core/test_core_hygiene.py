@@ -29,9 +29,7 @@ from tests.helpers.core import (
     shm_leftovers,
     within,
 )
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
+from zephon_core import Execution, Loader, batch_digest
 from zephon_core.engine.runners import ProcessRunner
 
 pytestmark = pytest.mark.slow

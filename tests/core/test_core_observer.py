@@ -8,8 +8,7 @@ import pytest
 
 from tests.helpers.core import DataSpec, Spec, World
 from tests.helpers.ledger import lane_streams
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.observe import StageEvent, StageStats
+from zephon_core import Execution, StageEvent, StageStats
 
 FINITE = Spec(datasets=(DataSpec((25, 18, 30), max_len=50, data_seed=7, bad_every=11),),
               num_lanes=4, rows_per_lane=2, epochs=1, shuffle_pos="pointers", shuffle_buffer=5,

@@ -21,7 +21,7 @@ from tests.helpers.core import (
     reference_digests,
     run_digests,
 )
-from zephon_core.engine.execution import Execution
+from zephon_core import Execution
 
 STEPS = 5
 
@@ -134,9 +134,7 @@ def test_iterating_with_microbatches_gives_the_same_batches():
     are the reference global batches; a split that cannot be even is refused."""
     import torch
 
-    from zephon_core.common.digest import batch_digest
-    from zephon_core.engine.loader import Loader
-    from zephon_core.errors import ConfigError
+    from zephon_core import ConfigError, Loader, batch_digest
 
     spec = Spec()
     ref = reference_digests(spec, 3)

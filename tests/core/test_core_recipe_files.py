@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from zephon_core.errors import ConfigError
-from zephon_core.recipes.recipe import Recipe
-from zephon_core.recipes.registry import (
+from zephon_core import (
+    ConfigError,
+    Recipe,
     builtin_names,
     load_recipe,
     register_kind,
     register_recipe,
+    text_demo,
 )
-from zephon_core.recipes.text import text_demo
 from zephon_vl.cli.main import main
 
 

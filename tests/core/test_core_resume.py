@@ -20,7 +20,7 @@ from tests.helpers.core import (
     divisors,
     reference_digests,
 )
-from zephon_core.engine.execution import Execution
+from zephon_core import Execution
 
 # A lane pipeline with state everywhere: a pointer shuffle before Read, and a
 # payload shuffle would be recomputed on restore; packer bins stay open.
@@ -138,7 +138,7 @@ def test_resume_from_a_busy_process_pool():
 
 
 def test_checkpoint_is_plain_json_and_saved_atomically(tmp_path):
-    from zephon_core.engine.checkpoint import load_state, save_state
+    from zephon_core import load_state, save_state
 
     with World(SPEC, 2) as w:
         w.digests(3)
@@ -257,8 +257,7 @@ def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
     and a checkpoint describes the last batch the consumer received."""
     import torch
 
-    from zephon_core.common.digest import batch_digest
-    from zephon_core.engine.loader import Loader
+    from zephon_core import Loader, batch_digest
 
     steps, k = 8, 3
     ref = reference_digests(SPEC, steps)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zephon_core import Element
 from zephon_core.engine import shm
 from zephon_core.engine.runners import ProcessRunner
-from zephon_core.records import Element
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
 
@@ -139,7 +139,8 @@ def group(start: int) -> list[Element]:
 
 
 def shm_stage():
-    from zephon_core.ops.contract import Map, StageFn
+    from zephon_core import Map
+    from zephon_core.ops.contract import StageFn
 
     return StageFn([Map(grow_one, name="grow")])
 

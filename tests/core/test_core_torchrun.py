@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.torchrun_job import make_recipe
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
+from zephon_core import Execution, Loader, batch_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

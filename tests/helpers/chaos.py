@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.ops.contract import Map, StageFn
-from zephon_core.records import Element, Origin
+from zephon_core import Element, Map, Origin
+from zephon_core.ops.contract import StageFn
 
 
 def big(x: int) -> np.ndarray:

@@ -22,12 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon_core.errors import BadSampleError
+from zephon_core import BadSampleError
 
 if TYPE_CHECKING:  # the heavy modules (torch) are imported lazily: workers import this file
-    from zephon_core.engine.execution import Execution
-    from zephon_core.engine.loader import Loader
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Execution, Loader, Recipe
 
 VOCAB = 30011
 
@@ -145,13 +143,17 @@ class Spec:
 
 
 def build_recipe(spec: Spec) -> Recipe:
-    from zephon_core.data.read import Read
-    from zephon_core.data.readers import InMemoryReader
-    from zephon_core.data.sources import Dataset, ShuffleSettings
-    from zephon_core.ops.contract import Filter, Map
-    from zephon_core.ops.pack import Pack
-    from zephon_core.ops.shuffle import Shuffle
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import (
+        Dataset,
+        Filter,
+        InMemoryReader,
+        Map,
+        Pack,
+        Read,
+        Recipe,
+        Shuffle,
+        ShuffleSettings,
+    )
 
     readers = [InMemoryReader(make_shards(d, j), name=f"ds{j}")
                for j, d in enumerate(spec.datasets)]
@@ -189,8 +191,7 @@ class World:
     def __init__(self, spec: Spec, D: int, execution: Execution | None = None,
                  shared_runners: bool = False, state: dict | None = None,
                  observer: Any = None) -> None:
-        from zephon_core.engine.execution import Execution
-        from zephon_core.engine.loader import Loader
+        from zephon_core import Execution, Loader
         from zephon_core.engine.plan import Plan
 
         self.spec = spec
@@ -218,7 +219,7 @@ class World:
         return [row for p in parts for row in p]
 
     def digest(self, rows: list) -> str:
-        from zephon_core.common.digest import batch_digest
+        from zephon_core import batch_digest
 
         return batch_digest(self.recipe.collate(rows))
 
@@ -233,7 +234,7 @@ class World:
 
     def state(self) -> dict:
         """The merged global state, JSON round-tripped (checkpoints are data)."""
-        from zephon_core.engine.checkpoint import merge_states
+        from zephon_core import merge_states
 
         merged = merge_states([loader.local_state_dict() for loader in self.loaders])
         return json.loads(json.dumps(merged))
@@ -266,8 +267,7 @@ def reference_digests(spec: Spec, steps: int) -> list[str]:
     """The reference run: one rank, inline runner, default execution (memoized)."""
     from hypothesis import assume
 
-    from zephon_core.engine.execution import Execution
-    from zephon_core.errors import NoRowsError
+    from zephon_core import Execution, NoRowsError
 
     key = (spec, steps)
     if key not in _REFERENCE:
@@ -279,7 +279,7 @@ def reference_digests(spec: Spec, steps: int) -> list[str]:
 
 
 def merge_states(states: list[dict]) -> dict:
-    from zephon_core.engine.checkpoint import merge_states as merge
+    from zephon_core import merge_states as merge
 
     return merge(states)
 
@@ -288,9 +288,7 @@ def finite_rank_main(rank: int, world: int, init_file: str, spec: Spec, out: str
     """One real rank (a spawned process, gloo): run to the end of the data, write what it saw."""
     import torch.distributed as dist
 
-    from zephon_core.common.digest import batch_digest
-    from zephon_core.engine.execution import Execution
-    from zephon_core.engine.loader import Loader
+    from zephon_core import Execution, Loader, batch_digest
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tests.helpers.core import Spec, build_recipe, keep, make_shards
+from zephon_core import Origin
 from zephon_core.data.sources import DatasetOrder, LaneSource
-from zephon_core.records import Origin
 
 if TYPE_CHECKING:
-    from zephon_core.engine.loader import Drained
+    from zephon_core import Drained
 
 
 def lane_streams(spec: Spec, limit: int | None = None) -> dict[int, list[Origin]]:

@@ -19,15 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from zephon_core.data.read import Read
-from zephon_core.data.readers import InMemoryReader
-from zephon_core.data.sources import Dataset
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.ops.contract import Map
-from zephon_core.ops.pack import Pack
-from zephon_core.ops.shuffle import Shuffle
-from zephon_core.recipes.recipe import Recipe
+from zephon_core import Dataset, Execution, InMemoryReader, Loader, Map, Pack, Read, Recipe, Shuffle
 
 
 def to_tokens(sample: dict) -> dict:

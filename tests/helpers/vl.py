@@ -22,19 +22,29 @@ import numpy as np
 import pytest
 import torch
 
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader, StepMeta
-from zephon_core.ops.pack import IGNORE_INDEX, Row
-from zephon_core.ops.text import load_tokenizer
-from zephon_core.recipes.assets import qwen_tokenizer_dir
-from zephon_core.recipes.recipe import Recipe
-from zephon_core.records import Origin
-from zephon_vl.demo.data import build_demo_dataset
-from zephon_vl.families.qwen import QwenTokens, QwenVL
-from zephon_vl.media.image import ImageSettings, normalize_patches, process_image
-from zephon_vl.media.video import VideoSettings, process_video
-from zephon_vl.recipes import vlm_recipe
+from zephon_core import (
+    IGNORE_INDEX,
+    Execution,
+    Loader,
+    Origin,
+    Recipe,
+    Row,
+    StepMeta,
+    batch_digest,
+    load_tokenizer,
+    qwen_tokenizer_dir,
+)
+from zephon_vl import (
+    ImageSettings,
+    QwenVL,
+    VideoSettings,
+    build_demo_dataset,
+    normalize_patches,
+    process_image,
+    process_video,
+    vlm_recipe,
+)
+from zephon_vl.families.qwen import QwenTokens
 
 SEQ_LEN = 1024
 GLOBAL_BATCH = 8
@@ -226,7 +236,7 @@ _SAMPLES: dict[str, dict[str, list[dict]]] = {}
 def demo_samples_by_kind(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     """The raw samples of the demo data (member bytes, without __key__/__shard__) by kind."""
     if "by_kind" not in _SAMPLES:
-        from zephon_vl.wds.index import WebDatasetReader
+        from zephon_vl import WebDatasetReader
 
         reader = WebDatasetReader(demo_shards(tmp_path_factory))
         by_kind: dict[str, list[dict]] = {}
@@ -282,11 +292,7 @@ def uneven_lanes_recipe() -> Recipe:
 
     Text only and in memory (no tokenizer, no files), so spawned ranks start fast.
     """
-    from zephon_core.data.read import Read
-    from zephon_core.data.readers import InMemoryReader
-    from zephon_core.data.sources import Dataset
-    from zephon_core.ops.contract import Map
-    from zephon_core.ops.pack import Pack
+    from zephon_core import Dataset, InMemoryReader, Map, Pack, Read
 
     reader = InMemoryReader([[{"id": i} for i in range(3)]])
     ops = [Read([reader]), Map(_ten_tokens, name="ten"), Pack(16, overlong="drop")]

@@ -11,9 +11,12 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
-from zephon_core.common.digest import batch_digest  # noqa: E402
-from zephon_core.engine.execution import parse_workers  # noqa: E402
-from zephon_core.errors import CheckpointError, ConfigError  # noqa: E402
+from zephon_core import (  # noqa: E402
+    CheckpointError,
+    ConfigError,
+    batch_digest,  # noqa: E402
+    parse_workers,  # noqa: E402
+)
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 
 # exactly the keyword arguments Trainer.__init__ passes to config.dataloader.build(...)

@@ -20,10 +20,12 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from zephon_core.common.digest import batch_digest  # noqa: E402
-from zephon_core.engine.execution import Execution  # noqa: E402
-from zephon_core.engine.simulate import run_digests  # noqa: E402
-from zephon_core.recipes.registry import load_recipe  # noqa: E402
+from zephon_core import (
+    Execution,  # noqa: E402
+    batch_digest,  # noqa: E402
+    load_recipe,  # noqa: E402
+    run_digests,  # noqa: E402
+)
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 
 STEPS, SAVE_AT, LANES, G, S = 5, 2, 4, 8, 64

@@ -12,9 +12,10 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 import transformers  # noqa: E402,F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
 
-from zephon_core.errors import ConfigError  # noqa: E402
+from zephon_core import ConfigError  # noqa: E402
+from zephon_vl import ImageSettings
 from zephon_vl.families.qwen import mrope_positions, to_qwen3_5  # noqa: E402
-from zephon_vl.media.image import ImageSettings, patchify  # noqa: E402
+from zephon_vl.media.image import patchify  # noqa: E402
 from zephon_vl.testing.titan_cpu import stub_torchvision  # noqa: E402
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 

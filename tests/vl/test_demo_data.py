@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zephon_vl.demo.data import DEMO_VERSION, build_demo_dataset, default_demo_dir
-from zephon_vl.wds.index import WebDatasetReader
+from zephon_vl import WebDatasetReader, build_demo_dataset, default_demo_dir
+from zephon_vl.demo.data import DEMO_VERSION
 
 SMALL = {"num_samples": 40, "videos": 2, "samples_per_shard": 16}
 

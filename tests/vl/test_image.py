@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
 from tests.helpers.vl import png_header_only
-from zephon_core.errors import BadSampleError, ConfigError
-from zephon_vl.media import image as zimage
-from zephon_vl.media.image import (
+from zephon_core import BadSampleError, ConfigError
+from zephon_vl import (
     ImageSettings,
     VisionPatches,
     normalize_patches,
@@ -32,9 +31,9 @@ from zephon_vl.media.image import (
     pillow_backend,
     process_image,
     smart_resize,
-    target_size,
-    warn_if_not_simd,
 )
+from zephon_vl.media import image as zimage
+from zephon_vl.media.image import target_size, warn_if_not_simd
 
 MAX_ABS = 1e-5
 MEAN_ABS = 1e-6

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from zephon_vl.media.image import ImageSettings, process_image
+from zephon_vl import ImageSettings, process_image
 
 SETTINGS = ImageSettings(max_pixels=64 * 28 * 28, normalize="collate")
 

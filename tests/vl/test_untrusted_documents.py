@@ -17,10 +17,8 @@ from tests.helpers.vl import (
     special,
     tokenizer,
 )
-from zephon_core import BadSampleError, Execution, Loader
-from zephon_core.ops.pack import Row, Segment
-from zephon_core.records import Origin
-from zephon_vl.wds.writer import write_shards
+from zephon_core import BadSampleError, Execution, Loader, Origin, Row, Segment
+from zephon_vl import write_shards
 
 DEEP = "[" * 200_000 + "]" * 200_000
 MALFORMED = {

@@ -10,13 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core.errors import BadSampleError, ConfigError
-from zephon_vl.media.image import ImageSettings, normalize_patches
-from zephon_vl.media.video import (
-    VideoSettings,
-    process_video,
-    sample_frame_indices,
-)
+from zephon_core import BadSampleError, ConfigError
+from zephon_vl import ImageSettings, VideoSettings, normalize_patches, process_video
+from zephon_vl.media.video import sample_frame_indices
 from zephon_vl.testing.video import encode_test_video
 
 # Distinct, well separated solid colours (lossy codec + YUV 4:2:0 round trip).

@@ -31,12 +31,8 @@ from tests.helpers.vl import (
     png_header_only,
     run_epoch,
 )
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.engine.simulate import run_digests
-from zephon_core.errors import BadSampleError
-from zephon_vl.wds.writer import write_shards
+from zephon_core import BadSampleError, Execution, Loader, batch_digest, run_digests
+from zephon_vl import write_shards
 
 EXPECTED = {
     "b_corrupt": "corrupt_image",
@@ -265,7 +261,7 @@ def test_resume_keeps_the_drop_record(mixed, dropped_d1) -> None:
     """Save after step 1 on D=1, restore from JSON on D=2: same batches and drops after it."""
     import json
 
-    from zephon_core.engine.checkpoint import merge_states
+    from zephon_core import merge_states
 
     recipe, eps = dropped_d1
     want = global_steps(recipe, eps)

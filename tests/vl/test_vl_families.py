@@ -29,12 +29,12 @@ from tests.helpers.vl import (
     special,
     text_ids,
 )
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.loader import Loader
-from zephon_core.errors import ConfigError
-from zephon_vl.families.base import TitanOptions, VisionFamily
-from zephon_vl.families.qwen import SPECIAL_KEYS, QwenVL
-from zephon_vl.families.registry import (
+from zephon_core import ConfigError, Loader, batch_digest
+from zephon_vl import (
+    QwenVL,
+    TitanOptions,
+    VisionFamily,
+    VisionPatches,
     family_names,
     get_family,
     recipe_family,
@@ -42,7 +42,7 @@ from zephon_vl.families.registry import (
     unregister_family,
     vision_family,
 )
-from zephon_vl.media.image import VisionPatches
+from zephon_vl.families.qwen import SPECIAL_KEYS
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,7 @@ from tests.helpers.vl import (
     make_recipe,
     reference,
 )
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.engine.simulate import run_digests
+from zephon_core import Execution, Loader, batch_digest, run_digests
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +145,7 @@ def test_save_on_2_resume_on_4_and_8(shards, ref) -> None:
 def test_background_loaders_save_what_the_consumer_received(shards, ref) -> None:
     """With the background driver thread running ahead, state_dict() is still the state
     after the last batch the consumer took: restored on D=4, the next batches follow it."""
-    from zephon_core.engine.checkpoint import merge_states
+    from zephon_core import merge_states
 
     k = 1
     ex = Execution(runner="inline", group_size=2, prefetch=2, prefetch_steps=2)

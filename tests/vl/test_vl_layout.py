@@ -28,9 +28,8 @@ from tests.helpers.vl import (
     special,
     text_ids,
 )
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_vl.wds.writer import write_shards
+from zephon_core import Execution, Loader
+from zephon_vl import write_shards
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.vl import demo_shards
-from zephon_core.errors import ConfigError
-from zephon_core.recipes.registry import load_recipe
+from zephon_core import ConfigError, load_recipe
 
 
 def write_vlm_recipe(folder: Path, shards: list[str], image: str) -> Path:

@@ -22,12 +22,8 @@ from tests.helpers.vl import (
     special,
     video_duration_from_caption,
 )
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_vl.media.image import normalize_patches
-from zephon_vl.media.video import VideoSettings, process_video
-from zephon_vl.wds.writer import write_shards
+from zephon_core import Execution, Loader, batch_digest
+from zephon_vl import VideoSettings, normalize_patches, process_video, write_shards
 
 GRID_HW = (18, 22)
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-from zephon_core.errors import BadSampleError, ZephonError
+from zephon_core import BadSampleError, ZephonError
+from zephon_vl import WebDatasetReader, load_index, shards_from_folder, write_shards
 from zephon_vl.wds import index as wds_index
-from zephon_vl.wds.index import WebDatasetReader, load_index
-from zephon_vl.wds.writer import shards_from_folder, write_shards
 
 
 def wds_samples(path: Path) -> list[dict]:

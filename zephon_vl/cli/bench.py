@@ -11,7 +11,7 @@ import argparse
 import importlib
 from types import ModuleType
 
-from zephon_core.errors import ZephonError
+from zephon_core import ZephonError
 from zephon_vl.cli.main import command
 
 

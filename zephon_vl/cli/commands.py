@@ -1,3 +1,3 @@
-"""Sub-commands that live outside cli.py; importing registers them."""
+"""The command modules, listed once: importing this module registers every `zephon-vl` command."""
 
 from zephon_vl.cli import bench, demo, elastic, shards  # noqa: F401

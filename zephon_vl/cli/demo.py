@@ -13,8 +13,8 @@ import json
 import sys
 import time
 
+from zephon_core import SimulatedRanks
 from zephon_core.engine.plan import Plan
-from zephon_core.engine.simulate import SimulatedRanks
 from zephon_vl.cli.main import add_execution_args, command, execution_from, print_digest_table
 
 
@@ -32,7 +32,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 @command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
 def cmd_demo(args: argparse.Namespace) -> int:
-    from zephon_core.errors import ConfigError
+    from zephon_core import ConfigError
     from zephon_vl.demo.data import build_demo_dataset
     from zephon_vl.media.image import pillow_backend
     from zephon_vl.recipes import vlm_demo
@@ -116,6 +116,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _digest(batch: dict) -> str:
-    from zephon_core.common.digest import batch_digest
+    from zephon_core import batch_digest
 
     return batch_digest(batch)

@@ -31,9 +31,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[str, str]]:
-    from zephon_core.engine.execution import Execution
-    from zephon_core.engine.simulate import run_digests
-    from zephon_core.recipes.registry import load_recipe
+    from zephon_core import Execution, load_recipe, run_digests
     table: dict[int, dict[str, str]] = {}
     reference = run_digests(lambda: load_recipe(args.recipe, num_lanes=args.lanes,
                                                 global_batch_size=args.lanes),

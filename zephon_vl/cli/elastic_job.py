@@ -14,10 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.recipes.registry import load_recipe
+from zephon_core import Execution, Loader, batch_digest, load_recipe
 
 
 def _gather_global(batch: dict) -> dict | None:

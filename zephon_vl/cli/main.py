@@ -7,9 +7,8 @@ import json
 import sys
 from collections.abc import Callable
 
-from zephon_core.engine.execution import Execution, parse_runners, parse_workers
+from zephon_core import Execution, ZephonError, parse_runners, parse_workers
 from zephon_core.engine.runners import RUNNERS
-from zephon_core.errors import ZephonError
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -63,7 +62,7 @@ def execution_from(args: argparse.Namespace) -> Execution:
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:
-    from zephon_core.recipes.registry import load_recipe
+    from zephon_core import load_recipe
 
     return lambda: load_recipe(args.recipe, num_lanes=args.lanes)
 
@@ -83,8 +82,7 @@ def _digest_args(p: argparse.ArgumentParser) -> None:
 
 @command("digest", "print the SHA-256 of every global batch, one JSON line per step", _digest_args)
 def cmd_digest(args: argparse.Namespace) -> int:
-    from zephon_core.engine.loader import Loader
-    from zephon_core.engine.simulate import run_digests
+    from zephon_core import Loader, run_digests
 
     make = recipe_factory(args)
     ex = execution_from(args)
@@ -112,19 +110,15 @@ def _tokenizer_args(p: argparse.ArgumentParser) -> None:
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from zephon_core.recipes.assets import qwen_tokenizer_dir
+    from zephon_core import qwen_tokenizer_dir
 
     print(qwen_tokenizer_dir(Path(args.out) if args.out else None))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    for module in ("zephon_vl.cli.commands",):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            if exc.name != module:
-                raise
+    import zephon_vl.cli.commands  # noqa: F401  (registers the commands of the other modules)
+
     parser = argparse.ArgumentParser(prog="zephon-vl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, configure, _) in COMMANDS.items():

@@ -48,8 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.common.files import atomic_write, cache_dir
-from zephon_core.common.system import usable_cores
+from zephon_core import atomic_write, cache_dir, usable_cores
 from zephon_vl.wds.writer import write_shards
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from zephon_core.errors import ConfigError
+from zephon_core import ConfigError
 
 if TYPE_CHECKING:
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Recipe
     from zephon_vl.media.image import ImageSettings, VisionPatches
     from zephon_vl.ops.collate import VLCollate
 

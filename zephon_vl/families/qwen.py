@@ -59,11 +59,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from zephon_core.errors import ConfigError
+from zephon_core import ConfigError
 from zephon_vl.families.base import TitanOptions, VisionFamily
 
 if TYPE_CHECKING:
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Recipe
     from zephon_vl.media.image import ImageSettings, VisionPatches
 
 log = logging.getLogger(__name__)

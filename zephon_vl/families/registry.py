@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zephon_core.errors import ConfigError
+from zephon_core import ConfigError
 from zephon_vl.families.base import ModelFamily, VisionFamily
 from zephon_vl.families.qwen import QwenVL
 from zephon_vl.families.text import TextFamily
 
 if TYPE_CHECKING:
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Recipe
 
 _FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (TextFamily(), QwenVL())}
 

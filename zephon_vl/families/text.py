@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from zephon_vl.families.base import ModelFamily, TitanOptions
 
 if TYPE_CHECKING:
-    from zephon_core.recipes.recipe import Recipe
+    from zephon_core import Recipe
 
 
 class TextFamily(ModelFamily):

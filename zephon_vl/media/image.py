@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core import BadSampleError, ConfigError
 
 __all__ = [
     "ImageSettings",

@@ -18,7 +18,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core import BadSampleError, ConfigError
 from zephon_vl.media.image import (
     ImageSettings,
     VisionPatches,

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from zephon_core.errors import BadSampleError
-from zephon_core.ops.pack import Row, text_row_arrays
+from zephon_core import BadSampleError, Row
+from zephon_core.ops.pack import text_row_arrays
 from zephon_vl.media.image import ImageSettings, patch_rows
 
 if TYPE_CHECKING:

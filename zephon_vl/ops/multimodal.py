@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core import BadSampleError, ConfigError, Element, Transform
 from zephon_core.common.jsontext import loads_sample
-from zephon_core.errors import BadSampleError, ConfigError
-from zephon_core.ops.contract import Transform, check_on_error
+from zephon_core.ops.contract import check_on_error
 from zephon_core.ops.text import TokenizerTransform
-from zephon_core.records import Element
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image

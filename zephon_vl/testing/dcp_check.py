@@ -27,8 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from zephon_core.common.digest import batch_digest
-from zephon_core.engine.execution import Execution
+from zephon_core import Execution, batch_digest
 from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader
 
 TEXT_KEYS = ("input", "labels", "positions")

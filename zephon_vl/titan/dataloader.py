@@ -39,11 +39,8 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_core.engine.execution import Execution, parse_workers
-from zephon_core.engine.loader import Loader
+from zephon_core import CheckpointError, ConfigError, Execution, Loader, load_recipe, parse_workers
 from zephon_core.engine.state_check import parse_state
-from zephon_core.errors import CheckpointError, ConfigError
-from zephon_core.recipes.registry import load_recipe
 from zephon_vl.families.base import TitanOptions
 from zephon_vl.families.registry import family_names, get_family, vision_family
 
@@ -265,6 +262,11 @@ class ZephonDataLoader(BaseDataLoader):
         self._pending = []
 
     @property
+    def mid_step(self) -> bool:
+        """True while micro-batches of the current step are still to be consumed."""
+        return bool(self._pending)
+
+    @property
     def step(self) -> int:
         """Zephon steps (optimizer steps) delivered so far."""
         return self.loader.step
@@ -300,9 +302,9 @@ def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:
     Same content as what every rank of a real run returns; load it with
     ``load_state_dict`` on any rank count dividing the lane count.
     """
-    from zephon_core.engine.checkpoint import merge_states
+    from zephon_core import merge_states
 
-    if any(dl._pending for dl in loaders):
+    if any(dl.mid_step for dl in loaders):
         raise CheckpointError("zephon dataloader: a simulated rank is in the middle of a step")
     state = merge_states([dl.loader.local_state_dict() for dl in loaders])
     return {STATE_KEY: json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION,

@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_core.common.files import atomic_write
-from zephon_core.errors import BadSampleError, ZephonError
+from zephon_core import BadSampleError, ZephonError, atomic_write
 
 log = logging.getLogger(__name__)
 
