@@ -10,3 +10,25 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def ranks_on_this_machine() -> int:
+    """Data-loading ranks sharing this machine: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        from zephon_core.errors import ConfigError
+
+        raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r} is not a positive integer; it is set by "
+                          "torchrun to the number of ranks on this machine")
+    return int(raw)
+
+
+def worker_budget() -> int:
+    """Default process workers per stage of one rank: the machine's cores shared by its ranks.
+
+    One process per core *per rank* would oversubscribe a machine running 8
+    ranks 8 times over, so each rank gets ``usable cores // ranks here``, at least 1.
+    """
+    return max(1, usable_cores() // ranks_on_this_machine())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from zephon_core.common.system import usable_cores
+from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.engine.runners import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
@@ -55,8 +55,10 @@ class Execution:
     read, decode and tokenize, inline for cheap maps; ``inline`` runs
     everything in the calling thread (the reference, and the cheapest for tiny
     runs). `runners` and `workers` override the runner and worker count per
-    operator name. Process stages default to one worker per core
-    (`default_workers=None`), thread stages to one thread.
+    operator name. Process stages default to the machine's worker budget
+    (`default_workers=None`: usable cores // ranks on this machine, torchrun's
+    ``LOCAL_WORLD_SIZE``, at least 1), thread stages to one thread; an explicit
+    setting wins.
     Consecutive transforms with the same runner and worker count are fused
     into one stage (one worker call per group).
     """
@@ -97,5 +99,12 @@ class Execution:
             return kind, 1
         default = self.default_workers
         if default is None:
-            default = usable_cores() if kind == "processes" else 1
+            default = worker_budget() if kind == "processes" else 1
         return kind, self.workers.get(t.name, default)
+
+    def budget_note(self) -> str:
+        """How the default process worker count was chosen, for `explain()`."""
+        if self.default_workers is not None:
+            return f"default process workers: {self.default_workers} (set explicitly)"
+        return (f"default process workers: {worker_budget()} = {usable_cores()} usable cores "
+                f"// {ranks_on_this_machine()} rank(s) on this machine (LOCAL_WORLD_SIZE)")

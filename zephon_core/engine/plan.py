@@ -92,7 +92,7 @@ class Plan:
         """The stages in order; with `stats`, under each stage what it was observed doing."""
         ex = self.execution
         totals = stats.totals() if stats is not None else {}
-        lines = ["zephon plan (per lane, in order):"]
+        lines = [f"zephon plan (per lane, in order; {ex.budget_note()}):"]
         lines.append("  source: pointers from the work source (no I/O)")
         for s in self.stages:
             if s.kind == "transform":

@@ -29,8 +29,8 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", action="append", default=[], metavar="OP=N",
                    help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
     g.add_argument("--default-workers", type=int, default=Execution.default_workers,
-                   help="workers of every operator without --workers (default: one process "
-                   "per core for process stages, one thread for thread stages)")
+                   help="workers of every operator without --workers (default: usable cores "
+                   "// ranks on this machine for process stages, one thread for thread stages)")
     g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
                    help="runner of one operator, e.g. --op-runner read=threads")
     g.add_argument("--group-size", type=int, default=Execution.group_size)

@@ -136,7 +136,8 @@ class ZephonDataLoader(BaseDataLoader):
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
 
         default_workers: int = 0
-        """Workers of operators not named in ``workers``; 0 = one process per core."""
+        """Workers of operators not named in ``workers``; 0 = usable cores // ranks on this
+        machine (torchrun's LOCAL_WORLD_SIZE)."""
 
         group_size: int = Execution.group_size
         prefetch: int = 0
