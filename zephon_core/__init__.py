@@ -9,8 +9,7 @@ their operators need. The submodules are the layers (see docs/architecture.md):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # errors and records
@@ -86,15 +85,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'zephon_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("zephon_core", _EXPORTS, globals())

@@ -11,8 +11,7 @@ imports torchtitan).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # media
@@ -57,15 +56,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'zephon_vl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("zephon_vl", _EXPORTS, globals())

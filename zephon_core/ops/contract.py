@@ -54,14 +54,8 @@ class Transform(Operator):
         """One output (or `Dropped`) per input element, in order."""
 
 
-class Accumulator(ABC):
-    """Per-lane state of an element-preserving stateful operator (it reorders or holds)."""
-
-    @abstractmethod
-    def push(self, item: tuple[Origin, Any]) -> list[tuple[Origin, Any]]: ...
-
-    @abstractmethod
-    def flush(self) -> list[tuple[Origin, Any]]: ...
+class LaneState(ABC):
+    """What every per-lane stateful object gives a checkpoint: its held elements, by origin."""
 
     @abstractmethod
     def state(self) -> dict:
@@ -69,11 +63,21 @@ class Accumulator(ABC):
 
     @abstractmethod
     def held_origins(self) -> list[Origin]:
-        """Origins of the elements it holds."""
+        """Origins of the elements it holds (each once)."""
 
     @abstractmethod
     def restore(self, state: dict, recompute: Recompute) -> None:
         """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
+
+
+class Accumulator(LaneState):
+    """Per-lane state of an element-preserving stateful operator (it reorders or holds)."""
+
+    @abstractmethod
+    def push(self, item: tuple[Origin, Any]) -> list[tuple[Origin, Any]]: ...
+
+    @abstractmethod
+    def flush(self) -> list[tuple[Origin, Any]]: ...
 
 
 class StateChecks(Protocol):
@@ -136,7 +140,7 @@ class Row:
         return sum(s.length for s in self.segments)
 
 
-class Combiner(ABC):
+class Combiner(LaneState):
     """Per-lane state of the pipeline's last operator: elements in, rows out.
 
     The lane calls `push` once per element that reaches it, in the lane's
@@ -162,18 +166,6 @@ class Combiner(ABC):
     @abstractmethod
     def flush(self) -> None:
         """End of the lane's data: turn every partly filled row into a ready row."""
-
-    @abstractmethod
-    def state(self) -> dict:
-        """JSON state; elements appear as origins (lists of ints) only."""
-
-    @abstractmethod
-    def held_origins(self) -> list[Origin]:
-        """Origins of the elements it holds (each once), in open or ready rows."""
-
-    @abstractmethod
-    def restore(self, state: dict, recompute: Recompute) -> None:
-        """Rebuild from `state`; `recompute(origins)` gives the payloads of held elements."""
 
 
 class CombinerOp(StatefulOp):
