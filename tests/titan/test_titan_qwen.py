@@ -41,6 +41,25 @@ def vlm_batches():
     return dl, [mb for step in raw for mb in step]
 
 
+def test_pixels_normalized_on_the_device_are_the_host_floats():
+    """uint8 batches moved and normalized by the adapter give the model the same input."""
+    got = {}
+    for on_device in (False, True):
+        cfg = ZephonDataLoader.Config(runner="inline", recipe="vlm-demo", num_lanes=2,
+                                      global_batch_size=4, model_format="qwen3_5",
+                                      image_preset="qwen3_5", max_pixels=64 * 32 * 32,
+                                      normalize_on_device=on_device, device="cpu")
+        dl = cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256,
+                       local_batch_size=2, snapshot_every_n_steps=None)
+        got[on_device] = [next(iter(dl)) for _ in range(1)][0]
+        dl.close()
+    (host, labels), (device, labels2) = got[False], got[True]
+    assert torch.equal(labels, labels2) and set(host) == set(device)
+    for key, value in host.items():
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == device[key].dtype and torch.equal(value, device[key]), key
+
+
 def test_patch_layout_is_torchtitans_block_order():
     rng = np.random.default_rng(0)
     frame = rng.integers(0, 256, (1, 64, 96, 3), dtype=np.uint8)

@@ -41,9 +41,11 @@ __all__ = [
     "ImageSettings",
     "VisionPatches",
     "decode_rgb",
+    "normalization_table",
     "normalize_patches",
     "open_image",
     "patch_rows",
+    "patch_rows_uint8",
     "patchify",
     "pillow_backend",
     "process_image",
@@ -123,7 +125,10 @@ class ImageSettings:
     #: slightly from a full decode.
     draft: bool = False
     #: "collate": uint8 rows, normalized later by ``normalize_patches``;
-    #: "worker": float32 normalized rows straight from the worker.
+    #: "worker": float32 normalized rows straight from the worker;
+    #: "device": the batch carries uint8 rows and the normalization table, and
+    #: ``zephon_vl.ops.device.to_device`` normalizes on the accelerator (4x fewer
+    #: bytes through the driver, the host-to-device copy and pinned memory).
     normalize: str = "collate"
     image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
     image_std: tuple[float, float, float] = OPENAI_CLIP_STD
@@ -146,10 +151,9 @@ class ImageSettings:
             raise ConfigError(
                 f"ImageSettings.max_pixels ({self.max_pixels}) < min_pixels ({self.min_pixels})"
             )
-        if self.normalize not in ("collate", "worker"):
-            raise ConfigError(
-                f"ImageSettings.normalize must be 'collate' or 'worker', got {self.normalize!r}"
-            )
+        if self.normalize not in ("collate", "worker", "device"):
+            raise ConfigError("ImageSettings.normalize must be 'collate', 'worker' or 'device', "
+                              f"got {self.normalize!r}")
         if self.resample not in _RESAMPLE:
             raise ConfigError(
                 f"ImageSettings.resample must be one of {sorted(_RESAMPLE)}, got {self.resample!r}"
@@ -220,6 +224,11 @@ def smart_resize(
 
 
 @functools.lru_cache(maxsize=16)
+def normalization_table(settings: ImageSettings) -> np.ndarray:
+    """The read-only float32 ``[3 * 256]`` table that normalizes uint8 value v of channel c."""
+    return _lut(settings.image_mean, settings.image_std)
+
+
 def _lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """[3 * 256] float32: entry c*256 + v is uint8 v of channel c, rescaled and normalized.
 
@@ -295,7 +304,7 @@ def finish_patches(frames: np.ndarray, settings: ImageSettings,
         rows = _patchify(frames, p, m, 1)
         if settings.normalize == "worker":
             rows = normalize_patches(rows, settings)
-    elif settings.normalize == "collate":
+    elif settings.normalize != "worker":
         rows = _patchify(frames, p, m, tp)
     elif f == 1:  # normalize one copy, then repeat it: half the table lookups
         one = normalize_patches(_patchify(frames, p, m, 1), settings)
@@ -418,6 +427,25 @@ def patch_rows(items: list[np.ndarray], settings: ImageSettings) -> np.ndarray:
                              f"({3 * k}) nor {tp} frames ({3 * tp * k})")
         if x.dtype == np.uint8:
             x = normalize_patches(x, settings)
+        out[at:at + n] = x.reshape(n, 3, -1, k)
+        at += n
+    return out.reshape(len(out), 3 * tp * k)
+
+
+def patch_rows_uint8(items: list[np.ndarray], settings: ImageSettings) -> np.ndarray:
+    """uint8 patch rows of several images/videos -> one uint8 ``[patches, 3*T*P*P]`` array.
+
+    The layout of `patch_rows` (one frame repeated over the temporal axis),
+    still to be normalized with `normalization_table`.
+    """
+    tp, k = settings.temporal_patch_size, settings.patch_size ** 2
+    out = np.empty((sum(len(x) for x in items), 3, tp, k), dtype=np.uint8)
+    at = 0
+    for x in items:
+        n = len(x)
+        if x.dtype != np.uint8 or x.shape[1] not in (3 * k, 3 * tp * k):
+            raise ValueError(f"expected uint8 patch rows of width {3 * k} or {3 * tp * k}, got "
+                             f"{x.dtype} rows of width {x.shape[1]}")
         out[at:at + n] = x.reshape(n, 3, -1, k)
         at += n
     return out.reshape(len(out), 3 * tp * k)

@@ -4,9 +4,11 @@
 positions; padding has label -100). ``pixel_values``: every image and video of
 the batch as patch rows, concatenated in row order and, inside a row, in
 token order, float32 ``[patches, 3*T*P*P]``. ``grid_thw``: int64
-``[images, 3]`` in the same order. The model family's special token ids ride
-along as 0-d int64 tensors (``VisionFamily.batch_token_ids``) so a model never
-has to guess them.
+``[images, 3]`` in the same order. With ``ImageSettings(normalize="device")``
+``pixel_values`` is uint8 and ``pixel_lut`` carries the normalization table:
+``zephon_vl.ops.device.to_device`` gives the float32 tensor on the device.
+The model family's special token ids ride along as 0-d int64 tensors
+(``VisionFamily.batch_token_ids``) so a model never has to guess them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import torch
 
 from zephon_core import BadSampleError, Row
 from zephon_core.ops.pack import text_row_arrays
-from zephon_vl.media.image import ImageSettings, patch_rows
+from zephon_vl.media.image import (
+    ImageSettings,
+    normalization_table,
+    patch_rows,
+    patch_rows_uint8,
+)
 
 if TYPE_CHECKING:
     from zephon_vl.families.base import VisionFamily
@@ -69,14 +76,17 @@ class VLCollate:
         out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
         pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
         grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
+        on_device = self.image.normalize == "device"
         if pixels:
-            pv = patch_rows(pixels, self.image)
+            pv = (patch_rows_uint8 if on_device else patch_rows)(pixels, self.image)
             thw = np.stack(grids).astype(np.int64)
         else:
-            pv = np.zeros((0, self.row_width), dtype=np.float32)
+            pv = np.zeros((0, self.row_width), dtype=np.uint8 if on_device else np.float32)
             thw = np.zeros((0, 3), dtype=np.int64)
         out["pixel_values"] = torch.from_numpy(pv)
         out["grid_thw"] = torch.from_numpy(thw)
+        if on_device:
+            out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         for name, value in self._token_ids.items():
             out[name] = torch.tensor(value, dtype=torch.int64)
         return out

@@ -1,0 +1,52 @@
+"""Issue 12: uint8 pixels to the device, normalized there, equal to the host collate."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.vl import IMAGE, demo_shards, make_recipe
+from zephon_core import Execution, Loader
+from zephon_vl.ops.device import normalize_pixels, to_device
+
+
+def _batches(shards: list[str], normalize: str, steps: int = 3) -> list[dict]:
+    image = dataclasses.replace(IMAGE, normalize=normalize)
+    with Loader(make_recipe(shards, image=image), 0, 1, Execution(runner="inline")) as loader:
+        return [next(loader) for _ in range(steps)]
+
+
+def test_device_normalize_is_bit_identical_to_the_host_collate(tmp_path_factory) -> None:
+    shards = demo_shards(tmp_path_factory)
+    host = _batches(shards, "collate")
+    wire = _batches(shards, "device")
+    for want, got in zip(host, wire, strict=True):
+        assert got["pixel_values"].dtype == torch.uint8
+        assert got["pixel_values"].nbytes * 4 == want["pixel_values"].nbytes
+        moved = to_device(got, "cpu")
+        assert set(moved) == set(want)
+        for key, value in want.items():
+            assert moved[key].dtype == value.dtype and torch.equal(moved[key], value), key
+
+
+def test_normalize_pixels_is_the_host_table_lookup() -> None:
+    from zephon_vl.media.image import normalization_table, normalize_patches
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 256, size=(37, 3 * 2 * 16 * 16), dtype=np.uint8)
+    table = torch.from_numpy(normalization_table(IMAGE).copy())
+    got = normalize_pixels(torch.from_numpy(rows), table)
+    assert torch.equal(got, torch.from_numpy(normalize_patches(rows, IMAGE)))
+
+
+def test_a_batch_over_the_pinned_budget_falls_back_with_a_warning(caplog) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("pinned staging needs a CUDA device; this machine has none")
+    batch = {"input": torch.zeros(4, 8, dtype=torch.int64)}
+    with caplog.at_level(logging.WARNING, logger="zephon_vl.ops.device"):
+        moved = to_device(batch, "cuda", pinned_budget_bytes=1)
+    assert moved["input"].is_cuda and "pinned budget" in caplog.text

@@ -1,0 +1,71 @@
+"""Batches to the accelerator: one copy of uint8 pixels, normalized there.
+
+A VLM batch's pixels are most of its bytes. Normalized on the host they are
+float32, four times the uint8 rows the workers made; this module moves the
+uint8 rows (from pinned memory, without blocking the host) and normalizes on
+the device with the same table the host would use, so the float32 tensor is
+bit-identical to the host collate on every device (a table lookup has no
+rounding of its own).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Host batches larger than this are copied from pageable memory (with a warning), not pinned.
+PINNED_BUDGET_BYTES = 2 << 30
+_warned = False
+
+
+def _nbytes(batch: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in batch.values() if isinstance(t, torch.Tensor))
+
+
+def normalize_pixels(pixel_values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, 3*K]`` rows -> float32 rows: entry ``c*256 + v`` of `table` for channel c."""
+    n, width = pixel_values.shape
+    rows = pixel_values.view(n, 3, width // 3)
+    out = torch.empty((n, 3, width // 3), dtype=table.dtype, device=pixel_values.device)
+    for c in range(3):
+        index = rows[:, c].reshape(-1).to(torch.int32) + c * 256
+        out[:, c] = torch.index_select(table, 0, index).view(n, -1)
+    return out.view(n, width)
+
+
+def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = True,
+              non_blocking: bool = True,
+              pinned_budget_bytes: int = PINNED_BUDGET_BYTES) -> dict[str, Any]:
+    """Every tensor of `batch` on `device`, uint8 pixels normalized there.
+
+    On CUDA the host tensors are staged in pinned memory and copied with
+    `non_blocking`, so the copy overlaps the host's next work; a batch larger
+    than `pinned_budget_bytes` is copied from pageable memory with a warning.
+    A device without room raises the framework's own out-of-memory error.
+    Batches without ``pixel_lut`` (float32 pixels, text) are only moved.
+    """
+    global _warned
+    device = torch.device(device)
+    staged = pin and device.type == "cuda"
+    if staged and _nbytes(batch) > pinned_budget_bytes:
+        if not _warned:
+            _warned = True
+            log.warning("zephon: a %.0f MiB batch is over the pinned budget of %.0f MiB; copying "
+                        "it from pageable memory (slower). Raise pinned_budget_bytes if the host "
+                        "has the memory", _nbytes(batch) / 2**20, pinned_budget_bytes / 2**20)
+        staged = False
+    out: dict[str, Any] = {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            if staged and value.device.type == "cpu":
+                value = value.pin_memory()
+            value = value.to(device, non_blocking=non_blocking and staged)
+        out[name] = value
+    table = out.pop("pixel_lut", None)
+    if table is not None:
+        out["pixel_values"] = normalize_pixels(out["pixel_values"], table)
+    return out
