@@ -22,7 +22,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from zephon_core.errors import BadSampleError
 
@@ -107,12 +107,15 @@ class LocalFile:
         self.close()
 
 
-def stat_shard(location: str | os.PathLike) -> FileStat:
-    """Size and identity of a shard without opening it for reading."""
-    if is_remote(location):
-        from zephon_core.data.remote import remote_stat
+def stat_shard(location: str | os.PathLike, retry: Any = None) -> FileStat:
+    """Size and identity of a shard without opening it for reading.
 
-        return remote_stat(os.fspath(location))
+    `retry` (a `zephon_core.data.remote.RetryPolicy`) applies to URLs only.
+    """
+    if is_remote(location):
+        from zephon_core.data.remote import DEFAULT_RETRY, remote_stat
+
+        return remote_stat(os.fspath(location), retry or DEFAULT_RETRY)
     try:
         st = local_path(location).stat()
     except FileNotFoundError:
@@ -120,12 +123,12 @@ def stat_shard(location: str | os.PathLike) -> FileStat:
     return FileStat(st.st_size, f"mtime_ns:{st.st_mtime_ns}")
 
 
-def open_shard(location: str | os.PathLike) -> StoredFile:
-    """A `StoredFile` for a path or URL (see the module docstring)."""
+def open_shard(location: str | os.PathLike, retry: Any = None) -> StoredFile:
+    """A `StoredFile` for a path or URL (see the module docstring); `retry` as `stat_shard`."""
     if is_remote(location):
-        from zephon_core.data.remote import RemoteFile
+        from zephon_core.data.remote import DEFAULT_RETRY, RemoteFile
 
-        return RemoteFile(os.fspath(location))
+        return RemoteFile(os.fspath(location), retry or DEFAULT_RETRY)
     return LocalFile(location)
 
 

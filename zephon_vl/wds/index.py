@@ -270,17 +270,17 @@ def content_sha256(stored: StoredFile) -> str:
     return h.hexdigest()
 
 
-def scan_shard(path: str | Path, content_hash: bool = True) -> ShardIndex:
+def scan_shard(path: str | Path, content_hash: bool = True, retry: Any = None) -> ShardIndex:
     """Index one tar shard from its headers (and hash its bytes when `content_hash`).
 
     A tar cut short (copy interrupted, disk full) keeps its complete samples;
     the last one is marked ``truncated_member``. Damaged headers are skipped
     and recorded (module docstring). A file that is not a tar raises
-    ``ZephonError``.
+    ``ZephonError``. `retry`: a `zephon_core.data.remote.RetryPolicy` for URLs.
     """
     location = os.fspath(path)
     name = base_name(location)
-    stored = open_shard(location)
+    stored = open_shard(location, retry)
     try:
         if stored.read_at(0, 2) == b"\x1f\x8b":
             raise ZephonError(
@@ -326,10 +326,10 @@ def _cache_paths(location: str | Path, cache_dir: Path | None) -> list[Path]:
     return [cache_dir / f"{shard.name}.{digest}{INDEX_SUFFIX}", beside]
 
 
-def read_index_file(path: str | Path) -> ShardIndex:
+def read_index_file(path: str | Path, retry: Any = None) -> ShardIndex:
     """A sidecar index from a local path or URL (raises OSError/ValueError when unusable)."""
     if is_remote(path):
-        stored = open_shard(os.fspath(path))
+        stored = open_shard(os.fspath(path), retry)
         try:
             text = stored.read_at(0, stored.size)
         finally:
@@ -340,10 +340,10 @@ def read_index_file(path: str | Path) -> ShardIndex:
 
 
 def load_index(shard: str | Path, cache_dir: str | Path | None = None,
-               content_hash: bool = True) -> ShardIndex:
+               content_hash: bool = True, retry: Any = None) -> ShardIndex:
     """The index of `shard`, from its cache when size and identity still match, else rebuilt."""
     cdir = Path(cache_dir) if cache_dir is not None else None
-    st = stat_shard(shard)
+    st = stat_shard(shard, retry)
     paths = _cache_paths(shard, cdir)
     for p in paths:
         try:
@@ -357,7 +357,12 @@ def load_index(shard: str | Path, cache_dir: str | Path | None = None,
                 (idx.sha256 is not None or not content_hash):
             return idx
         log.info("%s changed since it was indexed; rebuilding its index", shard)
-    idx = scan_shard(shard) if content_hash else scan_shard(shard, content_hash=False)
+    options: dict[str, Any] = {}
+    if not content_hash:
+        options["content_hash"] = False
+    if retry is not None:
+        options["retry"] = retry
+    idx = scan_shard(shard, **options)
     try:
         atomic_write(paths[0], json.dumps(idx.to_json(), separators=(",", ":")))
     except OSError as e:
@@ -390,14 +395,14 @@ class _OpenShards:
         self.lock = threading.Lock()
         self.files: OrderedDict[int, list[Any]] = OrderedDict()  # shard -> [file, users]
 
-    def acquire(self, s: int, location: str | Path, idx: ShardIndex) -> StoredFile:
+    def acquire(self, s: int, location: str | Path, idx: ShardIndex, retry: Any) -> StoredFile:
         with self.lock:
             entry = self.files.get(s)
             if entry is not None:
                 self.files.move_to_end(s)
                 entry[1] += 1
                 return entry[0]
-        stored = open_shard(location)
+        stored = open_shard(location, retry)
         for field, indexed, now in (("size", idx.size, stored.size),
                                     ("identity", idx.identity, stored.identity)):
             if indexed != now:
@@ -469,6 +474,8 @@ class WebDatasetReader:
     shard's sidecar is read only when a sample of it is, so building a Loader
     opens no shard at all. With `content_hash` (the default) the index holds a
     SHA-256 of the shard's bytes, which the checkpoint fingerprint carries.
+    `retry` (a `zephon_core.data.remote.RetryPolicy`) governs reads from URLs;
+    it never changes a sample.
 
     Picklable: the indexes loaded so far travel with it (so workers see exactly
     the samples the parent counted), open shards do not. Each process opens
@@ -482,6 +489,7 @@ class WebDatasetReader:
         max_open_files: int = 128,
         content_hash: bool = True,
         entries: list[ShardEntry] | None = None,
+        retry: Any = None,
     ) -> None:
         self.shards: list[str | Path] = [
             os.fspath(s) if is_remote(s) else local_path(s) for s in shards]
@@ -491,6 +499,7 @@ class WebDatasetReader:
         self.max_open_files = max_open_files
         self.content_hash = content_hash
         self.entries = entries
+        self.retry = retry
         self._indexes: list[ShardIndex | None] = [None] * len(self.shards)
         self._init_runtime()
 
@@ -511,6 +520,7 @@ class WebDatasetReader:
             "max_open_files": self.max_open_files,
             "content_hash": self.content_hash,
             "entries": self.entries,
+            "retry": self.retry,
             "indexes": self._indexes,
         }
 
@@ -520,6 +530,7 @@ class WebDatasetReader:
         self.max_open_files = state["max_open_files"]
         self.content_hash = state["content_hash"]
         self.entries = state["entries"]
+        self.retry = state["retry"]
         self._indexes = state["indexes"]
         self._init_runtime()
 
@@ -545,10 +556,10 @@ class WebDatasetReader:
 
     def _load(self, s: int) -> ShardIndex:
         if self.entries is None:
-            return load_index(self.shards[s], self.cache_dir, self.content_hash)
+            return load_index(self.shards[s], self.cache_dir, self.content_hash, self.retry)
         entry = self.entries[s]
         try:
-            idx = read_index_file(entry.index)
+            idx = read_index_file(entry.index, self.retry)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             raise ZephonError(f"cannot read the index {entry.index} of shard "
                               f"{base_name(entry.url)} named by the manifest ({e}); "
@@ -605,7 +616,7 @@ class WebDatasetReader:
         start = min(o for _, o, _ in members)
         stop = max(o + n for _, o, n in members)
         try:
-            stored = self._open.acquire(s, self.shards[s], idx)
+            stored = self._open.acquire(s, self.shards[s], idx, self.retry)
         except BadSampleError as e:
             raise BadSampleError(e.reason, f"{idx.name}:{key}", e.detail) from None
         try:
