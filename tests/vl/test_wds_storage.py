@@ -75,3 +75,20 @@ def test_lengths_are_lazy_and_come_from_sidecars(shards: list[Path]) -> None:
     assert shard_lengths(again) == [10, 10, 10]
     assert [s.stat().st_mtime_ns for s in sidecars] == stamps  # read, not rebuilt
     assert again.open_shards() == 0  # no shard opened for reading
+
+
+def test_index_command_writes_a_manifest_the_reader_uses(shards: list[Path], tmp_path: Path,
+                                                         capsys) -> None:
+    from zephon_vl.cli.main import main
+    from zephon_vl.wds.manifest import load_manifest, reader_from_manifest
+
+    out = tmp_path / "m" / "train.json"
+    assert main(["index", *map(str, shards), "--out", str(out)]) == 0
+    assert "3 shards, 30 samples" in capsys.readouterr().out
+    entries = load_manifest(out)
+    assert [Path(e.index).parent.name for e in entries] == ["train.indexes"] * 3
+    plain = WebDatasetReader(shards)
+    r = reader_from_manifest(out)
+    assert r.shard_lengths() == [10, 10, 10] and r.open_shards() == 0
+    assert [r.describe_shard(s) for s in range(3)] == [plain.describe_shard(s) for s in range(3)]
+    assert r.read(2, 4) == plain.read(2, 4)
