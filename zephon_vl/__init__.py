@@ -31,6 +31,10 @@ _EXPORTS: dict[str, str] = {
     "ShardIndex": "zephon_vl.wds.index",
     "WebDatasetReader": "zephon_vl.wds.index",
     "load_index": "zephon_vl.wds.index",
+    "ShardEntry": "zephon_vl.wds.index",
+    "build_manifest": "zephon_vl.wds.manifest",
+    "load_manifest": "zephon_vl.wds.manifest",
+    "reader_from_manifest": "zephon_vl.wds.manifest",
     "shards_from_folder": "zephon_vl.wds.writer",
     "write_shards": "zephon_vl.wds.writer",
     # model families

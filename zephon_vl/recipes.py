@@ -20,6 +20,7 @@ from zephon_core import (
     Pack,
     Read,
     Recipe,
+    RetryPolicy,
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
@@ -32,6 +33,18 @@ from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 from zephon_vl.wds.index import WebDatasetReader
+from zephon_vl.wds.manifest import reader_from_manifest
+
+
+def _reader(spec: str | os.PathLike | Sequence[str | os.PathLike], index_cache: str | None,
+            retry: RetryPolicy | None) -> WebDatasetReader:
+    """Shards of one dataset: a manifest (one ``.json`` path or URL) or a list of shards."""
+    if isinstance(spec, (str, os.PathLike)):
+        if not os.fspath(spec).endswith(".json"):
+            raise ConfigError(f"{os.fspath(spec)!r}: a dataset is a list of shards or one "
+                              "manifest (.json, from zephon-vl index)")
+        return reader_from_manifest(spec, retry=retry)
+    return WebDatasetReader(list(spec), cache_dir=index_cache, retry=retry)
 
 
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str | os.PathLike]],
@@ -45,21 +58,27 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
                epochs: int | None = None, index_cache: str | None = None,
-               name: str = "vlm", family: str | VisionFamily = "qwen3_5") -> Recipe:
+               name: str = "vlm", family: str | VisionFamily = "qwen3_5",
+               retry: RetryPolicy | Mapping[str, float] | None = None) -> Recipe:
     """A VLM recipe over WebDataset shards for a model `family` (a registered name or object).
+
+    A dataset is a list of shard paths or URLs, or one manifest (a path or URL
+    ending in ``.json``, written by ``zephon-vl index``): then building the
+    recipe reads that one file, and no shard. `retry` governs reads from URLs.
 
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
     be settings or their fields as a mapping (a TOML table).
     """
     family = vision_family(family)
+    retry = settings_from_table(RetryPolicy, retry, "retry") if retry is not None else None
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
     weights = dict(weights or {})
     if set(weights) - set(named):
         raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    datasets = [Dataset(n, WebDatasetReader(list(s), cache_dir=index_cache),
-                        float(weights.get(n, 1.0))) for n, s in named.items()]
+    datasets = [Dataset(n, _reader(s, index_cache, retry), float(weights.get(n, 1.0)))
+                for n, s in named.items()]
     special = family.special_tokens(load_tokenizer(tokenizer))
     limits = {}
     if max_vision_tokens is not None:

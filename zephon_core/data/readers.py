@@ -32,6 +32,15 @@ class ShardReader(Protocol):
     def read(self, shard: int, index: int) -> Any: ...
 
 
+def shard_lengths(reader: ShardReader) -> list[int]:
+    """Every shard's sample count, through the reader's bulk ``shard_lengths()`` when it has
+    one (a manifest answers it without opening a shard), else shard by shard."""
+    bulk = getattr(reader, "shard_lengths", None)
+    if callable(bulk):
+        return [int(n) for n in bulk()]
+    return [reader.shard_len(s) for s in range(reader.num_shards)]
+
+
 class InMemoryReader:
     """Samples held in Python lists, one list per shard (tests, small corpora)."""
 

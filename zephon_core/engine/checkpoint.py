@@ -60,7 +60,9 @@ def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
         if len(a) != len(b):
             return (f"{path} (length)", len(a), len(b))
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = _first_difference(x, y, f"{path}[{i}]")
+            named = f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) \
+                else ""  # e.g. which shard changed, not only its position
+            found = _first_difference(x, y, f"{path}[{i}]{named}")
             if found:
                 return found
         return None

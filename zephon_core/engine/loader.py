@@ -11,6 +11,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import DatasetOrder, LaneSource
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
 from zephon_core.engine.execution import Execution
@@ -101,8 +102,7 @@ class Loader:
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
         self.gather = gather
-        sizes = [[d.reader.shard_len(s) for s in range(d.reader.num_shards)]
-                 for d in recipe.datasets]
+        sizes = [shard_lengths(d.reader) for d in recipe.datasets]
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None

@@ -20,8 +20,12 @@ A TOML recipe file looks like::
     name = "web"
     files = ["data/web-000.jsonl", "data/web-001.jsonl"]
     weight = 3.0
+    [[datasets]]                  # WebDataset kinds: shard URLs, or one manifest
+    name = "laion"
+    manifest = "s3://bucket/laion/manifest.json"   # from `zephon-vl index`
 
-Relative file paths are relative to the TOML file. Every other top-level key
+Relative file paths are relative to the TOML file; URLs (``s3://``,
+``https://``...) are kept as written, never resolved as local paths. Every other top-level key
 is a keyword argument of the kind's factory (``text_recipe``, ``vlm_recipe``),
 called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``.
 """
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.data.sources import ShuffleSettings
+from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError
 from zephon_core.recipes.recipe import Recipe
 
@@ -52,7 +57,7 @@ _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",
     "vlm": "zephon_vl.recipes:vlm_recipe",
 }
-_DATASET_KEYS = ("name", "files", "weight")
+_DATASET_KEYS = ("name", "files", "manifest", "weight")
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
@@ -145,11 +150,22 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, list[str]], dict[str, 
         if unknown:
             raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; "
                               f"known: {', '.join(_DATASET_KEYS)}")
-        if "name" not in d or not d.get("files"):
-            raise ConfigError(f"[[datasets]] #{i + 1} needs a name and a files list")
-        files[d["name"]] = [str((base / f).resolve()) for f in d["files"]]
+        if "name" not in d or bool(d.get("files")) == bool(d.get("manifest")):
+            raise ConfigError(f"[[datasets]] #{i + 1} needs a name and either a files list "
+                              "or a manifest")
+        if d.get("manifest"):
+            files[d["name"]] = _location(d["manifest"], base)
+        else:
+            files[d["name"]] = [_location(f, base) for f in d["files"]]
         weights[d["name"]] = float(d.get("weight", 1.0))
     return files, weights
+
+
+def _location(entry: Any, base: Path) -> str:
+    """A URL as written (never resolved as a local path); a path relative to `base`."""
+    if not isinstance(entry, str):
+        raise ConfigError(f"expected a path or URL string, got {entry!r}")
+    return entry if is_remote(entry) else str((base / local_path(entry)).resolve())
 
 
 def settings_from_table(cls: type, value: Any, key: str) -> Any:

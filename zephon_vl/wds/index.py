@@ -2,23 +2,36 @@
 
 WebDataset is a streaming format; zephon needs pointers (``(dataset, shard,
 index)``) so that shuffling, lanes and resume are decided without I/O. This
-module scans each tar's headers once (``tarfile``, no member data read), groups
-members into samples with WebDataset's own key rule, and caches the result as a
-JSON sidecar keyed by the shard's size and mtime, so a changed shard is noticed
-and re-indexed. Reads are ``pread`` calls at recorded offsets: no scanning and
-no parsing per sample.
+module scans each tar's headers once (``tarfile``, no member data parsed),
+groups members into samples with WebDataset's own key rule, hashes the shard's
+bytes (SHA-256, so a same-size edit changes the checkpoint fingerprint), and
+caches the result as a JSON sidecar keyed by the shard's size and identity
+(mtime, or ETag for objects), so a changed shard is noticed and re-indexed.
+Reads are ``read_at`` calls at recorded offsets through
+`zephon_core.data.storage` (``pread`` for local files, range requests for
+URLs): no scanning and no parsing per sample.
 
-Index file (``<shard>.zidx.json`` beside the shard, or
-``<cache_dir>/<shard>.<path hash>.zidx.json``)::
+Damaged tar structure never hides samples. When a header cannot be read (bad
+checksum, a flipped bit in a name, a non-octal or absurd size, a directory
+typeflag on a member with data, a zeroed header block), the scan steps forward
+in 512-byte blocks to the next valid header and carries on. The unreadable
+bytes become an index entry of their own (key ``damaged@START-END``) that
+carries the error, and the samples on either side (which may have lost a
+member to the damage) are marked too; each becomes a ``damaged_tar`` drop
+naming the shard and byte range when its pointer is drawn (or stops the run
+under ``on_error="raise"``). The count of entries depends only on the bytes,
+so it stays deterministic.
 
-    {"format": "zephon-wds-index", "version": 1, "shard": "shard-000000.tar",
-     "size": 1234567, "mtime_ns": 1700000000000000000,
-     "samples": [["000123", [["jpg", 1536, 40211], ["txt", 42496, 187]]], ...],
+Index file (``<shard>.zidx.json`` beside a local shard, or
+``<cache_dir>/<shard>.<location hash>.zidx.json``)::
+
+    {"format": "zephon-wds-index", "version": 2, "shard": "shard-000000.tar",
+     "size": 1234567, "identity": "mtime_ns:1700000000000000000",
+     "sha256": "9f2c...", "samples": [["000123", [["jpg", 1536, 40211], ...]], ...],
      "bad": [[249, "truncated_member", "jpg needs bytes up to 1234999 ..."]]}
 
 ``samples`` is in tar order; each member is ``[extension, data offset, size]``.
-``bad`` lists samples that are indexed but cannot be read, so that one cut
-sample is dropped with a reason instead of failing the whole shard.
+``bad`` lists entries that are indexed but cannot be read.
 """
 
 from __future__ import annotations
@@ -35,14 +48,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_core import BadSampleError, ZephonError, atomic_write
+from zephon_core.common.files import atomic_write
+from zephon_core.common.files import cache_dir as default_cache_dir
+from zephon_core.data.storage import (
+    StoredFile,
+    StoredFileIO,
+    base_name,
+    is_remote,
+    local_path,
+    open_shard,
+    stat_shard,
+)
+from zephon_core.errors import BadSampleError, ZephonError
 
 log = logging.getLogger(__name__)
 
 INDEX_FORMAT = "zephon-wds-index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 INDEX_SUFFIX = ".zidx.json"
+DAMAGED = "damaged_tar"
 _BLOCK = tarfile.BLOCKSIZE
+_HASH_CHUNK = 8 << 20
+# Types whose data tarfile does not skip: one of them with a size is a damaged header.
+_NO_DATA_TYPES = {tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE,
+                  tarfile.BLKTYPE, tarfile.FIFOTYPE}
 
 # WebDataset's rule (webdataset.tariterators.base_plus_ext): the key is the path up
 # to the first dot of the basename, the extension is everything after it.
@@ -55,11 +84,12 @@ Member = tuple[str, int, int]  # (extension, data offset, size)
 
 @dataclass(slots=True)
 class ShardIndex:
-    """Where every sample of one shard lies, and which samples are known bad."""
+    """Where every sample of one shard lies, and which entries are known bad."""
 
     name: str
     size: int
-    mtime_ns: int
+    identity: str
+    sha256: str | None
     keys: list[str]
     members: list[tuple[Member, ...]]
     bad: dict[int, tuple[str, str]]
@@ -73,7 +103,8 @@ class ShardIndex:
             "version": INDEX_VERSION,
             "shard": self.name,
             "size": self.size,
-            "mtime_ns": self.mtime_ns,
+            "identity": self.identity,
+            "sha256": self.sha256,
             "samples": [
                 [k, [list(m) for m in ms]] for k, ms in zip(self.keys, self.members, strict=True)
             ],
@@ -88,107 +119,206 @@ class ShardIndex:
         return cls(
             name=obj["shard"],
             size=int(obj["size"]),
-            mtime_ns=int(obj["mtime_ns"]),
+            identity=str(obj["identity"]),
+            sha256=obj.get("sha256"),
             keys=[s[0] for s in samples],
             members=[tuple((e, int(o), int(n)) for e, o, n in s[1]) for s in samples],
             bad={int(i): (r, d) for i, r, d in obj["bad"]},
         )
 
 
-def scan_shard(path: str | Path) -> ShardIndex:
-    """Index one tar shard from its headers only.
-
-    A tar cut short (copy interrupted, disk full) keeps its complete samples;
-    the last one is marked ``truncated_member`` because members of it may be
-    missing or cut. A file that is not a readable tar raises ``ZephonError``.
-    """
-    path = Path(path)
-    name = path.name
+def _is_header(block: bytes) -> bool:
+    """A complete tar header block with a valid checksum (not the zero end block)."""
+    if len(block) < _BLOCK or block.count(0) == _BLOCK:
+        return False
     try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise BadSampleError("missing_shard", name, f"{path} does not exist") from None
-    with f:
-        st = os.fstat(f.fileno())
-        head = f.read(2)
-        f.seek(0)
-        if head == b"\x1f\x8b":
-            raise ZephonError(
-                f"cannot index {path}: it is gzip-compressed, and compressed shards cannot "
-                "be read at random offsets. Decompress it (gunzip, keep the .tar name) first."
-            )
-        try:
-            tf = tarfile.open(fileobj=f, mode="r:")
-        except (tarfile.TarError, EOFError) as e:
-            raise ZephonError(
-                f"cannot index {path}: not a readable uncompressed tar ({e}). Check the file "
-                "is a complete WebDataset shard, or re-create it with "
-                "zephon_vl.wds.writer.write_shards."
-            ) from None
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
 
-        keys: list[str] = []
-        members: list[list[Member]] = []
-        bad: dict[int, tuple[str, str]] = {}
-        while True:
+
+def _next_header(f: StoredFileIO, start: int, size: int) -> int | None:
+    """Offset of the first valid header at or after `start` (512-byte steps), else None."""
+    for pos in range(start, size - _BLOCK + 1, _BLOCK):
+        f.seek(pos)
+        if _is_header(f.read(_BLOCK)):
+            return pos
+    return None
+
+
+class _Samples:
+    """Members grouped into samples by WebDataset's key rule, with damage recorded."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.keys: list[str] = []
+        self.members: list[list[Member]] = []
+        self.bad: dict[int, tuple[str, str]] = {}
+        self._after_damage: tuple[int, int] | None = None
+
+    def add(self, fname: str, offset: int, size: int) -> int | None:
+        """Index one regular member; returns its entry, or None when WebDataset skips it."""
+        if "/" not in fname and fname.startswith("__") and fname.endswith("__"):
+            return None
+        if _SKIP_META.match(fname):
+            return None
+        m = _KEY_EXT.match(fname)
+        if m is None:
+            return None
+        key, ext = m.group(1), m.group(2).lower()
+        if self._after_damage is not None or not self.keys or self.keys[-1] != key:
+            self.keys.append(key)
+            self.members.append([])
+            if self._after_damage is not None:
+                a, b = self._after_damage
+                self._mark(len(self.keys) - 1, f"it follows unreadable bytes {a}..{b} of "
+                           f"{self.name} and may have lost members there")
+                self._after_damage = None
+        i = len(self.keys) - 1
+        if any(e == ext for e, _, _ in self.members[i]):
+            self.bad.setdefault(i, ("duplicate_member", f"{fname} appears twice in one sample"))
+            return i
+        self.members[i].append((ext, offset, size))
+        return i
+
+    def _mark(self, i: int, detail: str) -> None:
+        self.bad.setdefault(i, (DAMAGED, detail))
+
+    def damage(self, start: int, end: int) -> None:
+        """Bytes [start, end) hold no readable header: an entry of its own, neighbours marked."""
+        if self.keys and self._after_damage is None:
+            self._mark(len(self.keys) - 1, f"it precedes unreadable bytes {start}..{end} of "
+                       f"{self.name} and may have lost members there")
+        self.keys.append(f"damaged@{start}-{end}")
+        self.members.append([])
+        self._mark(len(self.keys) - 1, f"bytes {start}..{end} of {self.name} are a damaged tar "
+                   "header and the data it described; the member(s) there cannot be read")
+        self._after_damage = (start, end)
+
+    def truncate_last(self, detail: str) -> None:
+        if self.keys and (len(self.keys) - 1) not in self.bad:
+            self.bad[len(self.keys) - 1] = ("truncated_member", detail)
+
+
+def _scan_tar(f: StoredFileIO, size: int, name: str, where: str) -> _Samples:
+    """Walk every header of the tar, resynchronising after damage (module docstring)."""
+    out = _Samples(name)
+    pos = 0
+    while True:
+        stop = pos
+        try:
+            f.seek(pos)
+            tf = tarfile.TarFile(fileobj=f, mode="r")  # type: ignore[call-overload]
+        except (tarfile.TarError, EOFError):
+            tf = None
+        while tf is not None:
             try:
                 ti = tf.next()
             except (tarfile.TarError, EOFError):
-                break  # data of the previous member runs past the end: marked below
+                ti = None
             if ti is None:
+                stop = tf.offset
                 break
             tf.members.clear()  # tarfile keeps every TarInfo otherwise
-            fname = ti.name
-            if not ti.isreg() or ti.issparse():
-                continue
-            if "/" not in fname and fname.startswith("__") and fname.endswith("__"):
-                continue
-            if _SKIP_META.match(fname):
-                continue
-            m = _KEY_EXT.match(fname)
-            if m is None:
-                continue
-            key, ext = m.group(1), m.group(2).lower()
-            if not keys or keys[-1] != key:
-                keys.append(key)
-                members.append([])
-            i = len(keys) - 1
-            if any(e == ext for e, _, _ in members[i]):
-                bad.setdefault(i, ("duplicate_member", f"{fname} appears twice in one sample"))
-                continue
-            members[i].append((ext, ti.offset_data, ti.size))
             end = ti.offset_data + ti.size
-            if end > st.st_size:
-                bad[i] = (
-                    "truncated_member",
-                    f"{ext} needs bytes up to {end} but the file has {st.st_size}",
-                )
+            if ti.type in _NO_DATA_TYPES and ti.size > 0:
+                stop = ti.offset  # e.g. a file's typeflag flipped to "directory"
+                break
+            if end > size:
+                later = _next_header(f, ti.offset_data, size)
+                if later is not None:  # a damaged size: other headers follow
+                    stop = ti.offset
+                    break
+                if ti.isreg() and not ti.issparse():
+                    i = out.add(ti.name, ti.offset_data, ti.size)
+                    if i is not None:
+                        out.bad[i] = ("truncated_member", f"needs bytes up to {end} but the "
+                                      f"file has {size}")
+                out.truncate_last(f"the archive is cut inside a member at byte {ti.offset}")
+                return out
+            if ti.isreg() and not ti.issparse():
+                out.add(ti.name, ti.offset_data, ti.size)
+        f.seek(stop)
+        block = f.read(_BLOCK)
+        if len(block) < _BLOCK:
+            if stop < size:
+                out.truncate_last(f"the archive is cut at byte {stop} (file size {size}); "
+                                  "the last sample may be incomplete")
+            return out
+        later = _next_header(f, stop + _BLOCK, size)
+        if later is None:
+            if block.count(0) == _BLOCK:
+                return out  # the end-of-archive marker
+            if not out.keys and stop == 0:
+                raise ZephonError(
+                    f"cannot index {where}: not a readable uncompressed tar (no valid tar "
+                    "header anywhere). Check the file is a complete WebDataset shard, or "
+                    "re-create it with zephon_vl.wds.writer.write_shards.")
+            out.damage(stop, size)
+            return out
+        out.damage(stop, later)
+        pos = later
 
-        # A complete tar ends with a zero block where the next header would be.
-        f.seek(tf.offset)
-        tail = f.read(_BLOCK)
-        if keys and (len(tail) < _BLOCK or tail.count(0) != _BLOCK) and (len(keys) - 1) not in bad:
-            what = "is cut" if len(tail) < _BLOCK else "has an unreadable header"
-            bad[len(keys) - 1] = (
-                "truncated_member",
-                f"the archive {what} at byte {tf.offset} (file size {st.st_size}); "
-                "the last sample may be incomplete",
+
+def content_sha256(stored: StoredFile) -> str:
+    """SHA-256 of a shard's bytes, read sequentially in large chunks."""
+    h = hashlib.sha256()
+    for offset in range(0, stored.size, _HASH_CHUNK):
+        data = stored.read_at(offset, min(_HASH_CHUNK, stored.size - offset))
+        h.update(data)
+    return h.hexdigest()
+
+
+def scan_shard(path: str | Path, content_hash: bool = True, retry: Any = None) -> ShardIndex:
+    """Index one tar shard from its headers (and hash its bytes when `content_hash`).
+
+    A tar cut short (copy interrupted, disk full) keeps its complete samples;
+    the last one is marked ``truncated_member``. Damaged headers are skipped
+    and recorded (module docstring). A file that is not a tar raises
+    ``ZephonError``. `retry`: a `zephon_core.data.remote.RetryPolicy` for URLs.
+    """
+    location = os.fspath(path)
+    name = base_name(location)
+    stored = open_shard(location, retry)
+    try:
+        if stored.read_at(0, 2) == b"\x1f\x8b":
+            raise ZephonError(
+                f"cannot index {location}: it is gzip-compressed, and compressed shards cannot "
+                "be read at random offsets. Decompress it (gunzip, keep the .tar name) first."
             )
-        if bad:
-            first = [f"{keys[i]}: {r}" for i, (r, _) in sorted(bad.items())[:3]]
-            log.warning("%s: %d unreadable sample(s), e.g. %s", path, len(bad), first)
-
+        samples = _scan_tar(StoredFileIO(stored), stored.size, name, location)
+        digest = content_sha256(stored) if content_hash else None
+        size, identity = stored.size, stored.identity
+    finally:
+        stored.close()
+    if samples.bad:
+        first = [f"{samples.keys[i]}: {r}" for i, (r, _) in sorted(samples.bad.items())[:3]]
+        log.warning("%s: %d unreadable sample(s), e.g. %s", location, len(samples.bad), first)
     return ShardIndex(
         name=name,
-        size=st.st_size,
-        mtime_ns=st.st_mtime_ns,
-        keys=keys,
-        members=[tuple(ms) for ms in members],
-        bad=bad,
+        size=size,
+        identity=identity,
+        sha256=digest,
+        keys=samples.keys,
+        members=[tuple(ms) for ms in samples.members],
+        bad=samples.bad,
     )
 
 
-def _cache_paths(shard: Path, cache_dir: Path | None) -> list[Path]:
-    """Where to look for the index, in order; the first is where it is written."""
+def _cache_paths(location: str | Path, cache_dir: Path | None) -> list[Path]:
+    """Where to look for the index, in order; the first is where it is written.
+
+    Local shards keep it beside the file (or in `cache_dir`); remote shards in
+    `cache_dir` or zephon's cache folder, under a hash of the URL (the URL
+    itself is never written into a file name).
+    """
+    name = base_name(location)
+    if is_remote(location):
+        digest = hashlib.sha256(os.fspath(location).encode()).hexdigest()[:16]
+        folder = cache_dir if cache_dir is not None else default_cache_dir() / "wds-index"
+        return [folder / f"{name}.{digest}{INDEX_SUFFIX}"]
+    shard = local_path(location)
     beside = shard.with_name(shard.name + INDEX_SUFFIX)
     if cache_dir is None:
         return [beside]
@@ -196,28 +326,43 @@ def _cache_paths(shard: Path, cache_dir: Path | None) -> list[Path]:
     return [cache_dir / f"{shard.name}.{digest}{INDEX_SUFFIX}", beside]
 
 
-def load_index(shard: str | Path, cache_dir: str | Path | None = None) -> ShardIndex:
-    """The index of `shard`, from its cache when size and mtime still match, else rebuilt."""
-    shard = Path(shard)
+def read_index_file(path: str | Path, retry: Any = None) -> ShardIndex:
+    """A sidecar index from a local path or URL (raises OSError/ValueError when unusable)."""
+    if is_remote(path):
+        stored = open_shard(os.fspath(path), retry)
+        try:
+            text = stored.read_at(0, stored.size)
+        finally:
+            stored.close()
+    else:
+        text = local_path(path).read_bytes()
+    return ShardIndex.from_json(json.loads(text))
+
+
+def load_index(shard: str | Path, cache_dir: str | Path | None = None,
+               content_hash: bool = True, retry: Any = None) -> ShardIndex:
+    """The index of `shard`, from its cache when size and identity still match, else rebuilt."""
     cdir = Path(cache_dir) if cache_dir is not None else None
-    try:
-        st = shard.stat()
-    except FileNotFoundError:
-        raise BadSampleError("missing_shard", shard.name, f"{shard} does not exist") from None
+    st = stat_shard(shard, retry)
     paths = _cache_paths(shard, cdir)
     for p in paths:
         try:
-            with open(p, encoding="utf-8") as f:
-                idx = ShardIndex.from_json(json.load(f))
+            idx = read_index_file(p)
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-            log.warning("ignoring unreadable index %s (%s); rebuilding", p, e)
+            log.info("ignoring unusable index %s (%s); rebuilding", p, e)
             continue
-        if idx.size == st.st_size and idx.mtime_ns == st.st_mtime_ns:
+        if (idx.size, idx.identity) == (st.size, st.identity) and \
+                (idx.sha256 is not None or not content_hash):
             return idx
         log.info("%s changed since it was indexed; rebuilding its index", shard)
-    idx = scan_shard(shard)
+    options: dict[str, Any] = {}
+    if not content_hash:
+        options["content_hash"] = False
+    if retry is not None:
+        options["retry"] = retry
+    idx = scan_shard(shard, **options)
     try:
         atomic_write(paths[0], json.dumps(idx.to_json(), separators=(",", ":")))
     except OSError as e:
@@ -230,95 +375,111 @@ def load_index(shard: str | Path, cache_dir: str | Path | None = None) -> ShardI
     return idx
 
 
-if hasattr(os, "pread"):
-    _pread = os.pread
-else:  # pragma: no cover - Windows
-    _seek_lock = threading.Lock()
-
-    def _pread(fd: int, n: int, offset: int) -> bytes:
-        with _seek_lock:
-            os.lseek(fd, offset, os.SEEK_SET)
-            return os.read(fd, n)
+def shard_changed_error(name: str, field: str, indexed: Any, now: Any) -> ZephonError:
+    """The refusal for a shard whose bytes are not those its index describes."""
+    return ZephonError(
+        f"shard {name} changed since it was indexed: {field} was {indexed}, is now {now}. "
+        "Its sample offsets no longer apply. Re-index it (zephon-vl index, or delete its "
+        ".zidx.json) and start the run again; a checkpoint of the old data will be refused.")
 
 
-class _FdCache:
-    """Per-process, bounded set of open shard files.
+class _OpenShards:
+    """Per-process, bounded set of open shards (`StoredFile`s).
 
     Bounded because a shuffled read over thousands of shards would hit the
-    open-file limit; reference counts keep a file open while a thread reads it.
+    open-file limit; reference counts keep a shard open while a thread reads it.
     """
 
     def __init__(self, max_open: int) -> None:
         self.max_open = max_open
         self.lock = threading.Lock()
-        self.fds: OrderedDict[int, list[int]] = OrderedDict()  # shard -> [fd, users]
+        self.files: OrderedDict[int, list[Any]] = OrderedDict()  # shard -> [file, users]
 
-    def acquire(self, s: int, path: Path, idx: ShardIndex, key: str) -> int:
+    def acquire(self, s: int, location: str | Path, idx: ShardIndex, retry: Any) -> StoredFile:
         with self.lock:
-            entry = self.fds.get(s)
+            entry = self.files.get(s)
             if entry is not None:
-                self.fds.move_to_end(s)
+                self.files.move_to_end(s)
                 entry[1] += 1
                 return entry[0]
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except FileNotFoundError:
-            raise BadSampleError(
-                "missing_shard", f"{idx.name}:{key}", f"{path} does not exist"
-            ) from None
-        st = os.fstat(fd)
-        if st.st_size != idx.size or st.st_mtime_ns != idx.mtime_ns:
-            log.warning(
-                "%s changed since it was indexed (size %d -> %d); reads may fail or differ. "
-                "Restart to re-index it.",
-                path,
-                idx.size,
-                st.st_size,
-            )
+        stored = open_shard(location, retry)
+        for field, indexed, now in (("size", idx.size, stored.size),
+                                    ("identity", idx.identity, stored.identity)):
+            if indexed != now:
+                stored.close()
+                raise shard_changed_error(idx.name, field, indexed, now)
         with self.lock:
-            entry = self.fds.get(s)
+            entry = self.files.get(s)
             if entry is not None:  # another thread opened it meanwhile
-                os.close(fd)
+                stored.close()
                 entry[1] += 1
             else:
-                entry = self.fds[s] = [fd, 1]
+                entry = self.files[s] = [stored, 1]
                 self._evict()
             return entry[0]
 
     def release(self, s: int) -> None:
         with self.lock:
-            self.fds[s][1] -= 1
+            self.files[s][1] -= 1
+
+    def __len__(self) -> int:
+        return len(self.files)
 
     def _evict(self) -> None:
-        if len(self.fds) <= self.max_open:
+        if len(self.files) <= self.max_open:
             return
-        for s in [s for s, (_, users) in self.fds.items() if users == 0]:
-            os.close(self.fds.pop(s)[0])
-            if len(self.fds) <= self.max_open:
+        for s in [s for s, (_, users) in self.files.items() if users == 0]:
+            self.files.pop(s)[0].close()
+            if len(self.files) <= self.max_open:
                 return
 
     def close(self) -> None:
         with self.lock:
-            for fd, _ in self.fds.values():
-                os.close(fd)
-            self.fds.clear()
+            for stored, _ in self.files.values():
+                stored.close()
+            self.files.clear()
 
     def forget(self) -> None:
-        """In a forked child: close the inherited handles without the (maybe held) lock."""
-        for fd, _ in self.fds.values():
+        """In a forked child: drop the inherited handles without the (maybe held) lock."""
+        for stored, _ in self.files.values():
             try:
-                os.close(fd)
+                getattr(stored, "forget", stored.close)()
             except OSError:
                 pass
-        self.fds.clear()
+        self.files.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard as a manifest records it: enough to plan and fingerprint without its bytes."""
+
+    url: str
+    size: int
+    identity: str
+    num_samples: int
+    sha256: str | None
+    index: str  # where its sidecar index lies (path or URL)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": base_name(self.url), "size": self.size,
+                "num_samples": self.num_samples, "sha256": self.sha256}
 
 
 class WebDatasetReader:
-    """Reads samples of WebDataset shards by ``(shard, index)``.
+    """Reads samples of WebDataset shards (paths or URLs) by ``(shard, index)``.
+
+    Shard lengths are lazy: a shard is indexed (or its cached sidecar read) the
+    first time its length or samples are asked for. Given manifest `entries`
+    (`zephon_vl.wds.manifest`), lengths and fingerprints come from them and a
+    shard's sidecar is read only when a sample of it is, so building a Loader
+    opens no shard at all. With `content_hash` (the default) the index holds a
+    SHA-256 of the shard's bytes, which the checkpoint fingerprint carries.
+    `retry` (a `zephon_core.data.remote.RetryPolicy`) governs reads from URLs;
+    it never changes a sample.
 
     Picklable: the indexes loaded so far travel with it (so workers see exactly
-    the samples the parent counted), file handles do not. Each process opens
-    its own handles on first use, including after a fork.
+    the samples the parent counted), open shards do not. Each process opens
+    its own on first use, including after a fork.
     """
 
     def __init__(
@@ -326,21 +487,30 @@ class WebDatasetReader:
         shards: list[str | Path],
         cache_dir: str | Path | None = None,
         max_open_files: int = 128,
+        content_hash: bool = True,
+        entries: list[ShardEntry] | None = None,
+        retry: Any = None,
     ) -> None:
-        self.shards = [Path(s) for s in shards]
+        self.shards: list[str | Path] = [
+            os.fspath(s) if is_remote(s) else local_path(s) for s in shards]
+        if entries is not None and len(entries) != len(self.shards):
+            raise ValueError(f"{len(entries)} manifest entries for {len(self.shards)} shards")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.max_open_files = max_open_files
+        self.content_hash = content_hash
+        self.entries = entries
+        self.retry = retry
         self._indexes: list[ShardIndex | None] = [None] * len(self.shards)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self._pid = os.getpid()
         self._load_lock = threading.Lock()
-        self._fds = _FdCache(self.max_open_files)
+        self._open = _OpenShards(self.max_open_files)
 
     def _after_fork(self) -> None:
         """Handles and locks inherited through fork belong to the parent: start afresh."""
-        self._fds.forget()
+        self._open.forget()
         self._init_runtime()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -348,6 +518,9 @@ class WebDatasetReader:
             "shards": self.shards,
             "cache_dir": self.cache_dir,
             "max_open_files": self.max_open_files,
+            "content_hash": self.content_hash,
+            "entries": self.entries,
+            "retry": self.retry,
             "indexes": self._indexes,
         }
 
@@ -355,12 +528,19 @@ class WebDatasetReader:
         self.shards = state["shards"]
         self.cache_dir = state["cache_dir"]
         self.max_open_files = state["max_open_files"]
+        self.content_hash = state["content_hash"]
+        self.entries = state["entries"]
+        self.retry = state["retry"]
         self._indexes = state["indexes"]
         self._init_runtime()
 
     @property
     def num_shards(self) -> int:
         return len(self.shards)
+
+    def open_shards(self) -> int:
+        """How many shards this process holds open now (bounded by `max_open_files`)."""
+        return len(self._open)
 
     def index(self, s: int) -> ShardIndex:
         """The index of shard `s`, loaded (or built) on first use."""
@@ -371,22 +551,55 @@ class WebDatasetReader:
             with self._load_lock:
                 idx = self._indexes[s]
                 if idx is None:
-                    idx = self._indexes[s] = load_index(self.shards[s], self.cache_dir)
+                    idx = self._indexes[s] = self._load(s)
+        return idx
+
+    def _load(self, s: int) -> ShardIndex:
+        if self.entries is None:
+            return load_index(self.shards[s], self.cache_dir, self.content_hash, self.retry)
+        entry = self.entries[s]
+        try:
+            idx = read_index_file(entry.index, self.retry)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise ZephonError(f"cannot read the index {entry.index} of shard "
+                              f"{base_name(entry.url)} named by the manifest ({e}); "
+                              "re-create the manifest with zephon-vl index") from None
+        for field, want, got in (("size", entry.size, idx.size),
+                                 ("identity", entry.identity, idx.identity),
+                                 ("num_samples", entry.num_samples, len(idx)),
+                                 ("sha256", entry.sha256, idx.sha256)):
+            if want != got:
+                raise ZephonError(f"the index {entry.index} does not match the manifest entry "
+                                  f"of shard {base_name(entry.url)}: {field} {got} != {want}; "
+                                  "re-create the manifest with zephon-vl index")
         return idx
 
     def shard_len(self, s: int) -> int:
+        if self.entries is not None:
+            return self.entries[s].num_samples
         return len(self.index(s))
 
+    def shard_lengths(self) -> list[int]:
+        """Every shard's sample count (from the manifest when there is one)."""
+        return [self.shard_len(s) for s in range(self.num_shards)]
+
     def describe_shard(self, s: int) -> dict[str, Any]:
-        """What a checkpoint fingerprint records about shard `s` (mtime left out: copies differ)."""
+        """What a checkpoint fingerprint records about shard `s`: name, size, count and
+        content hash (identity left out: copies of the same bytes differ in mtime)."""
+        if self.entries is not None:
+            return self.entries[s].describe()
         idx = self.index(s)
-        return {"name": idx.name, "size": idx.size, "num_samples": len(idx)}
+        return {"name": idx.name, "size": idx.size, "num_samples": len(idx),
+                "sha256": idx.sha256}
 
     def key(self, s: int, i: int) -> str:
         return self.index(s).keys[i]
 
     def read(self, s: int, i: int) -> dict[str, bytes | str]:
-        """Raw bytes of sample `i` of shard `s` by extension; ``__key__``, ``__shard__`` are str."""
+        """Raw bytes of sample `i` of shard `s` by extension; ``__key__``, ``__shard__`` are str.
+
+        The members of a sample are contiguous in the tar, so they come in one read.
+        """
         idx = self._indexes[s] or self.index(s)
         if not 0 <= i < len(idx.keys):
             raise IndexError(f"sample {i} out of range for {idx.name} ({len(idx.keys)} samples)")
@@ -396,28 +609,35 @@ class WebDatasetReader:
             raise BadSampleError(reason, f"{idx.name}:{key}", detail)
         if self._pid != os.getpid():
             self._after_fork()
-        fds = self._fds
-        fd = fds.acquire(s, self.shards[s], idx, key)
+        members = idx.members[i]
         out: dict[str, bytes | str] = {"__key__": key, "__shard__": idx.name}
+        if not members:
+            return out
+        start = min(o for _, o, _ in members)
+        stop = max(o + n for _, o, n in members)
         try:
-            for ext, offset, size in idx.members[i]:
-                data = _pread(fd, size, offset)
-                if len(data) != size:
-                    raise BadSampleError(
-                        "truncated_member",
-                        f"{idx.name}:{key}",
-                        f"{ext}: read {len(data)} of {size} bytes at offset {offset}; "
-                        "the shard is shorter than when it was indexed",
-                    )
-                out[ext] = data
+            stored = self._open.acquire(s, self.shards[s], idx, self.retry)
+        except BadSampleError as e:
+            raise BadSampleError(e.reason, f"{idx.name}:{key}", e.detail) from None
+        try:
+            data = stored.read_at(start, stop - start)
         finally:
-            fds.release(s)
+            self._open.release(s)
+        for ext, offset, size in members:
+            if offset + size - start > len(data):
+                raise BadSampleError(
+                    "truncated_member",
+                    f"{idx.name}:{key}",
+                    f"{ext}: read {max(0, len(data) - (offset - start))} of {size} bytes at "
+                    f"offset {offset}; the shard is shorter than when it was indexed",
+                )
+            out[ext] = data[offset - start:offset - start + size]
         return out
 
     def close(self) -> None:
-        """Close this process's file handles (they reopen on the next read)."""
+        """Close this process's open shards (they reopen on the next read)."""
         if self._pid == os.getpid():
-            self._fds.close()
+            self._open.close()
 
     def __del__(self) -> None:
         try:

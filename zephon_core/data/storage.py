@@ -1,0 +1,170 @@
+"""Opening shards: one seam between readers and where the bytes live.
+
+A shard reader asks `open_shard(location)` for a `StoredFile` and from then on
+only calls ``read_at(offset, length)``: it never sees a file descriptor, so
+the same tar index and reader work on local files and on object storage.
+
+``location`` is a plain path, a ``file://`` URL (both read with ``pread``), or
+any other URL (``s3://``, ``gs://``, ``https://``...), which is opened through
+fsspec when it is installed (``pip install zephon-vl[remote]``). Credentials
+and endpoints come from each filesystem's own configuration (for S3 the usual
+``AWS_*`` variables, including ``AWS_ENDPOINT_URL``); nothing here stores,
+logs or fingerprints them, and URLs are never resolved as local paths.
+
+``identity`` says which version of the bytes a handle reads: the mtime for a
+local file, the ETag (or mtime) for an object. An index built for one
+identity is rebuilt, or refused, when it changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from zephon_core.errors import BadSampleError
+
+_LOCAL_SCHEMES = ("", "file")
+
+
+def scheme_of(location: str | os.PathLike) -> str:
+    """``"s3"`` for ``s3://b/k``; ``""`` for a plain path (Windows drive letters included)."""
+    text = os.fspath(location)
+    head, sep, _ = text.partition("://")
+    return head.lower() if sep and head.isalnum() and len(head) > 1 else ""
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """True for URLs that are not local files (``s3://``, ``https://``...)."""
+    return scheme_of(location) not in _LOCAL_SCHEMES
+
+
+def local_path(location: str | os.PathLike) -> Path:
+    """The path of a plain path or ``file://`` URL."""
+    text = os.fspath(location)
+    return Path(text[len("file://"):] if scheme_of(text) == "file" else text)
+
+
+def base_name(location: str | os.PathLike) -> str:
+    """The last path component (``shard-000001.tar``), for names in errors and fingerprints."""
+    return os.fspath(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What identifies one version of a shard: its byte size and `identity`."""
+
+    size: int
+    identity: str
+
+
+class StoredFile(Protocol):
+    """An open shard: random reads at byte offsets."""
+
+    location: str
+    size: int
+    identity: str
+
+    def read_at(self, offset: int, length: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def _missing(location: str) -> BadSampleError:
+    return BadSampleError("missing_shard", base_name(location), f"{location} does not exist")
+
+
+class LocalFile:
+    """A local shard read with ``pread`` (thread-safe, no shared file position)."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        self.location = os.fspath(location)
+        try:
+            self._fd = os.open(local_path(location), os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            raise _missing(self.location) from None
+        st = os.fstat(self._fd)
+        self.size = st.st_size
+        self.identity = f"mtime_ns:{st.st_mtime_ns}"
+        self._lock = threading.Lock() if not hasattr(os, "pread") else None
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        if self._lock is None:
+            return os.pread(self._fd, length, offset)
+        with self._lock:  # pragma: no cover - Windows has no pread
+            os.lseek(self._fd, offset, os.SEEK_SET)
+            return os.read(self._fd, length)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's descriptor without touching shared state."""
+        self.close()
+
+
+def stat_shard(location: str | os.PathLike, retry: Any = None) -> FileStat:
+    """Size and identity of a shard without opening it for reading.
+
+    `retry` (a `zephon_core.data.remote.RetryPolicy`) applies to URLs only.
+    """
+    if is_remote(location):
+        from zephon_core.data.remote import DEFAULT_RETRY, remote_stat
+
+        return remote_stat(os.fspath(location), retry or DEFAULT_RETRY)
+    try:
+        st = local_path(location).stat()
+    except FileNotFoundError:
+        raise _missing(os.fspath(location)) from None
+    return FileStat(st.st_size, f"mtime_ns:{st.st_mtime_ns}")
+
+
+def open_shard(location: str | os.PathLike, retry: Any = None) -> StoredFile:
+    """A `StoredFile` for a path or URL (see the module docstring); `retry` as `stat_shard`."""
+    if is_remote(location):
+        from zephon_core.data.remote import DEFAULT_RETRY, RemoteFile
+
+        return RemoteFile(os.fspath(location), retry or DEFAULT_RETRY)
+    return LocalFile(location)
+
+
+class StoredFileIO:
+    """A read-only, seekable file object over a `StoredFile` (for ``tarfile`` and hashing).
+
+    Reads ahead `chunk` bytes so that a scan of consecutive headers costs one
+    storage request per chunk, not one per header.
+    """
+
+    def __init__(self, stored: StoredFile, chunk: int = 1 << 20) -> None:
+        self.stored = stored
+        self.chunk = chunk
+        self.pos = 0
+        self._buf = b""
+        self._buf_start = 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.stored.size}[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = max(0, self.stored.size - self.pos)
+        start = self.pos - self._buf_start
+        if 0 <= start and start + n <= len(self._buf):
+            out = self._buf[start:start + n]
+        elif n >= self.chunk:
+            out = self.stored.read_at(self.pos, n)
+        else:
+            self._buf = self.stored.read_at(self.pos, max(n, self.chunk))
+            self._buf_start = self.pos
+            out = self._buf[:n]
+        self.pos += len(out)
+        return out

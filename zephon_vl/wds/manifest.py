@@ -1,0 +1,119 @@
+"""Dataset manifests: every shard's URL, size, identity, count and index in one file.
+
+Building a Loader needs each shard's sample count (to place positions) and a
+fingerprint (to refuse a resume on other data). Without a manifest that means
+one sidecar read (or a full index) per shard on every rank; with one, it is a
+single small file, whatever the number of shards. Written by
+``zephon-vl index SHARD_OR_URL... --out MANIFEST``::
+
+    {"format": "zephon-wds-manifest", "version": 1,
+     "shards": [{"url": "s3://bucket/train/shard-000000.tar", "size": 1234567,
+                 "identity": "etag:9b2cf535f27731c974343645a3985328",
+                 "num_samples": 256, "sha256": "...",
+                 "index": "manifest.indexes/000000-shard-000000.tar.zidx.json"}, ...]}
+
+``index`` is relative to the manifest (or a full path/URL). A shard whose size
+or identity no longer matches its entry is refused, naming the shard and the
+field, the first time it is opened; run ``zephon-vl index`` again to accept
+the new bytes (a checkpoint of the old ones is then refused by its fingerprint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from zephon_core.common.files import atomic_write
+from zephon_core.data.storage import base_name, is_remote, local_path, open_shard
+from zephon_core.errors import ConfigError
+from zephon_vl.wds.index import ShardEntry, WebDatasetReader, load_index
+
+MANIFEST_FORMAT = "zephon-wds-manifest"
+MANIFEST_VERSION = 1
+
+
+def _checked_location(location: str | os.PathLike) -> str:
+    text = os.fspath(location)
+    if is_remote(text):
+        if urlsplit(text).password is not None or "@" in urlsplit(text).netloc:
+            raise ConfigError(f"{base_name(text)}: credentials in a URL are refused; configure "
+                              "them the filesystem's usual way (for S3: AWS_* variables)")
+        return text
+    return str(local_path(text).resolve())
+
+
+def index_folder(manifest: str | os.PathLike) -> Path:
+    """Where `build_manifest` writes the sidecar indexes of `manifest`."""
+    path = Path(manifest)
+    return path.with_name(path.name.removesuffix(".json") + ".indexes")
+
+
+def build_manifest(shards: Sequence[str | os.PathLike], out: str | os.PathLike,
+                   content_hash: bool = True, retry: Any = None,
+                   cache_dir: str | os.PathLike | None = None) -> list[ShardEntry]:
+    """Index every shard (reusing valid sidecars) and write the manifest `out` (a local path)."""
+    out = Path(out)
+    folder = index_folder(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, shard in enumerate(shards):
+        location = _checked_location(shard)
+        idx = load_index(location, cache_dir, content_hash, retry)
+        rel = f"{folder.name}/{i:06d}-{idx.name}.zidx.json"
+        atomic_write(out.parent / rel, json.dumps(idx.to_json(), separators=(",", ":")))
+        entries.append(ShardEntry(location, idx.size, idx.identity, len(idx), idx.sha256, rel))
+    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+           "shards": [{"url": e.url, "size": e.size, "identity": e.identity,
+                       "num_samples": e.num_samples, "sha256": e.sha256, "index": e.index}
+                      for e in entries]}
+    atomic_write(out, json.dumps(doc, indent=1))
+    return entries
+
+
+def _resolve(manifest: str, rel: str) -> str:
+    if is_remote(rel) or Path(rel).is_absolute():
+        return rel
+    if is_remote(manifest):
+        return manifest.rsplit("/", 1)[0] + "/" + rel
+    return str(local_path(manifest).parent / rel)
+
+
+def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardEntry]:
+    """The entries of a manifest (a path or URL), index locations made absolute."""
+    text = os.fspath(location)
+    try:
+        if is_remote(text):
+            stored = open_shard(text, retry)
+            raw = stored.read_at(0, stored.size)
+        else:
+            raw = local_path(text).read_bytes()
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        raise ConfigError(f"manifest {text} does not exist; write it with "
+                          "zephon-vl index SHARD... --out MANIFEST") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"manifest {text} is unreadable ({e}); write it again with "
+                          "zephon-vl index") from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or \
+            doc.get("version") != MANIFEST_VERSION:
+        raise ConfigError(f"{text} is not a zephon manifest of version {MANIFEST_VERSION}")
+    try:
+        return [ShardEntry(str(s["url"]), int(s["size"]), str(s["identity"]),
+                           int(s["num_samples"]), s.get("sha256"),
+                           _resolve(text, str(s["index"])))
+                for s in doc["shards"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"manifest {text}: malformed shard entry ({e!r})") from None
+
+
+def reader_from_manifest(location: str | os.PathLike, retry: Any = None,
+                         **options: Any) -> WebDatasetReader:
+    """A `WebDatasetReader` whose lengths and fingerprint come from the manifest alone."""
+    entries = load_manifest(location, retry)
+    if not entries:
+        raise ConfigError(f"manifest {os.fspath(location)} lists no shards")
+    return WebDatasetReader([e.url for e in entries], entries=entries, retry=retry, **options)
