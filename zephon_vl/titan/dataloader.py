@@ -279,9 +279,9 @@ def verify_identical(blob: str) -> None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    from zephon_core.engine.checkpoint import _gloo_group
+    from zephon_core.engine.checkpoint import gloo_group
 
-    group = _gloo_group()
+    group = gloo_group()
     mine = torch.frombuffer(bytearray(hashlib.sha256(blob.encode()).digest()),
                             dtype=torch.uint8).clone()
     every = [torch.zeros(32, dtype=torch.uint8) for _ in range(dist.get_world_size(group))]
