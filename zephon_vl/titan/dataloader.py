@@ -152,6 +152,10 @@ class ZephonDataLoader(BaseDataLoader):
         verify_state: bool = True
         """Compare the state's SHA-256 across ranks at every save (one small all_gather)."""
 
+        ledger: str = ""
+        """A ledger file (one JSON line per step, written by rank 0; see docs/torchtitan.md),
+        e.g. beside the checkpoints; compare two runs with ``zephon-vl verify``. Empty: off."""
+
     def __init__(self, config: Config, *, dp_world_size: int = 1, dp_rank: int = 0,
                  tokenizer: Any = None, seq_len: int, local_batch_size: int,
                  **kwargs: Any) -> None:
@@ -197,7 +201,8 @@ class ZephonDataLoader(BaseDataLoader):
                                    group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
-                             microbatches=self.microbatches, background=config.background)
+                             microbatches=self.microbatches, background=config.background,
+                             ledger=config.ledger or None)
         self._pending: list[dict[str, Any]] = []
         self._warned_no_vision = False
         log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
