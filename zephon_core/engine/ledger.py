@@ -231,10 +231,10 @@ def read_ledger(path: str | os.PathLike) -> Ledger:
     except OSError as exc:
         raise LedgerError(f"cannot read ledger {where}: {exc.strerror or exc}") from None
     lines = data.split(b"\n")
-    last = len(lines) - 1
+    cut = len(lines)  # the number of a last line without its newline: a crash cut it
     if lines[-1] == b"":
         lines.pop()
-        last = len(lines)  # every line ended with a newline: none was cut
+        cut = 0
     ledger: Ledger | None = None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -244,7 +244,7 @@ def read_ledger(path: str | os.PathLike) -> Ledger:
             if not isinstance(line, dict):
                 raise ValueError("not a JSON object")
         except (ValueError, UnicodeDecodeError) as exc:
-            if n == last:
+            if n == cut:
                 log.warning("ledger %s: ignoring its last line %d, cut short (a crash while "
                             "writing?)", where, n)
                 break

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,9 @@ def _from_dcp(folder: Path) -> Any:
     prefix = keys[0][:-len(TITAN_KEY)].rstrip(".")
     holder = _Holder()
     target: dict[str, Any] = {prefix: holder} if prefix else holder.value
-    dcp.load(target, checkpoint_id=str(folder), no_dist=True)
+    with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(target, checkpoint_id=str(folder), no_dist=True)
     return holder.value[TITAN_KEY]
 
 
