@@ -20,8 +20,8 @@ from zephon_core.engine.ledger import (
 from zephon_core.engine.loader import Loader
 from zephon_core.engine.simulate import ElasticRun, resumed_ledger_path
 from zephon_core.ops.contract import Digested, Filter, Map, StageFn
-from zephon_core.records import Dropped, Element
 from zephon_core.recipes.registry import load_recipe
+from zephon_core.records import Dropped, Element
 
 INLINE = Execution(runner="inline")
 LANES, STEPS = 4, 5
