@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import xxhash
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -35,13 +36,20 @@ def _feed(h: Any, obj: Any) -> None:
     if isinstance(obj, np.ndarray) or hasattr(obj, "detach"):
         a = _as_numpy(obj)
         h.update(f"A{a.dtype.name}|{','.join(map(str, a.shape))}|".encode())
-        h.update(a.tobytes())
+        if a.dtype.hasobject:
+            _feed(h, a.tolist())
+        elif a.size:
+            h.update(a.reshape(-1).view(np.uint8))  # the array's own bytes, no copy
     elif isinstance(obj, dict):
         h.update(f"D{len(obj)}|".encode())
         for k in sorted(obj, key=str):
             _feed(h, str(k))
             _feed(h, obj[k])
     elif isinstance(obj, list | tuple):
+        if obj and all(type(v) is int for v in obj):
+            h.update(f"I{len(obj)}|".encode())  # token lists: one array, not an item each
+            h.update(np.asarray(obj, dtype="<i8").tobytes())
+            return
         h.update(f"L{len(obj)}|".encode())
         for v in obj:
             _feed(h, v)
@@ -67,17 +75,22 @@ def payload_digest(obj: Any) -> str:
     return h.hexdigest()
 
 
-#: hex digits kept per field of a sample digest: 64 bits tell samples apart in a ledger
-SAMPLE_DIGEST_HEX = 16
-
-
 def sample_digest(payload: Any) -> dict[str, str]:
-    """Per-field digests of one sample's payload, so a difference names its field.
+    """Per-field 64-bit digests of one sample's payload, so a difference names its field.
 
     A mapping payload gets one digest per top-level key (``tokens``,
     ``pixel_values``, ...); any other payload one digest under ``payload``.
+    XXH3-64 over the same canonical layout as `payload_digest`: the workers
+    hash every sample's pixels, and SHA-256 (about 1.3 GB/s) cost 8% of a
+    `vlm-demo` step where XXH3 costs well under 1%. A ledger detects
+    accidental differences (no adversary), for which 64 bits per field suffice.
     """
     if isinstance(payload, dict):
-        return {str(k): payload_digest(v)[:SAMPLE_DIGEST_HEX]
-                for k, v in sorted(payload.items(), key=lambda kv: str(kv[0]))}
-    return {"payload": payload_digest(payload)[:SAMPLE_DIGEST_HEX]}
+        return {str(k): _xxh(v) for k, v in sorted(payload.items(), key=lambda kv: str(kv[0]))}
+    return {"payload": _xxh(payload)}
+
+
+def _xxh(obj: Any) -> str:
+    h = xxhash.xxh3_64()
+    _feed(h, obj)
+    return h.hexdigest()
