@@ -14,7 +14,7 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.ledger import (
     LedgerError,
     LedgerWriter,
-    compare,
+    compare_ledgers,
     read_ledger,
 )
 from zephon_core.engine.loader import Loader
@@ -50,7 +50,7 @@ def test_ledger_is_the_same_across_D_runners_and_resumes(tmp_path: Path) -> None
     for d2 in (1, 4):
         resumed = read_ledger(resumed_ledger_path(tmp_path / "d2.jsonl", d2))
         assert sorted(resumed.steps) == list(range(2, STEPS))
-        result = compare(ref, resumed)
+        result = compare_ledgers(ref, resumed)
         assert result.ok and result.common == list(range(2, STEPS))
     # every row of a step line is a row of the batch, every sample carries its digest
     entry = ref.steps[0]
@@ -107,15 +107,15 @@ def test_loader_resume_supersedes_the_crashed_lines(tmp_path: Path, caplog) -> N
     resumed = read_ledger(path)
     assert resumed.resumes == [0, 2] and sorted(resumed.steps) == list(range(5))
     ledger_of(tmp_path / "ref.jsonl", 1)
-    assert compare(read_ledger(tmp_path / "ref.jsonl"), resumed).common == list(range(5))
-    assert compare(read_ledger(tmp_path / "ref.jsonl"), resumed).ok
+    assert compare_ledgers(read_ledger(tmp_path / "ref.jsonl"), resumed).common == list(range(5))
+    assert compare_ledgers(read_ledger(tmp_path / "ref.jsonl"), resumed).ok
 
 
 def test_another_recipe_is_refused_naming_the_field(tmp_path: Path) -> None:
     ledger_of(tmp_path / "a.jsonl", 1, steps=1)
     ledger_of(tmp_path / "b.jsonl", 1, steps=1, seq_len=256)
     with pytest.raises(LedgerError, match=r"fingerprint\.\S*seq_len is 512 in .*a\.jsonl but 256"):
-        compare(read_ledger(tmp_path / "a.jsonl"), read_ledger(tmp_path / "b.jsonl"))
+        compare_ledgers(read_ledger(tmp_path / "a.jsonl"), read_ledger(tmp_path / "b.jsonl"))
 
 
 def test_not_a_ledger_and_a_damaged_middle_line(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_compare_names_step_lane_row_sample_and_what(tmp_path: Path) -> None:
     for change, where, what in cases:
         b = tmp_path / f"{change.__name__}.jsonl"
         _tamper(a, b, 2, change)
-        result = compare(read_ledger(a), read_ledger(b))
+        result = compare_ledgers(read_ledger(a), read_ledger(b))
         text = result.divergence.describe()
         assert where in text and what in text, text
         assert result.divergence.step == 2

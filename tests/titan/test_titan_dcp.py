@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from zephon_core.common.digest import batch_digest  # noqa: E402
 from zephon_core.engine.execution import Execution  # noqa: E402
-from zephon_core.engine.ledger import compare, read_ledger  # noqa: E402
+from zephon_core.engine.ledger import compare_ledgers, read_ledger  # noqa: E402
 from zephon_core.engine.simulate import run_digests  # noqa: E402
 from zephon_core.recipes.registry import load_recipe  # noqa: E402
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
@@ -59,9 +59,9 @@ def test_dcp_round_trip_across_rank_counts(tmp_path):
     assert resumed4 == {t: saved[t] for t in range(SAVE_AT, STEPS)}
     # the ledgers of real ranks (gathered over gloo, written by rank 0) match the simulated one
     simulated = read_ledger(tmp_path / "simulated.jsonl")
-    on2 = compare(simulated, read_ledger(tmp_path / "d2" / "ledger.jsonl"))
+    on2 = compare_ledgers(simulated, read_ledger(tmp_path / "d2" / "ledger.jsonl"))
     assert on2.ok and on2.common == list(range(STEPS))
-    on4 = compare(simulated, read_ledger(tmp_path / "d4" / "ledger.jsonl"))
+    on4 = compare_ledgers(simulated, read_ledger(tmp_path / "d4" / "ledger.jsonl"))
     assert on4.ok and on4.common == list(range(SAVE_AT, STEPS))
 
     # D = 1 in this process, DCP without a process group

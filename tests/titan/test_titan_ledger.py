@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from zephon_core.engine.ledger import compare, read_ledger  # noqa: E402
+from zephon_core.engine.ledger import compare_ledgers, read_ledger  # noqa: E402
 from zephon_vl.cli.main import main  # noqa: E402
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_titan_ledger_inspect_and_replay_of_a_dcp_checkpoint(tmp_path: Path, cap
     assert main(["replay", str(tmp_path / "ckpt" / "step-2"), "--steps", "3", "--dp", "2",
                  "--runner", "inline", "--against", str(ledger), "--ledger", str(out)]) == 0
     assert "verified 3 steps against" in capsys.readouterr().out
-    assert compare(read_ledger(out), again).common == [2, 3, 4]
+    assert compare_ledgers(read_ledger(out), again).common == [2, 3, 4]
 
     (tmp_path / "other").mkdir()
     assert main(["inspect", str(tmp_path / "other")]) == 2

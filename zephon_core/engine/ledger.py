@@ -2,7 +2,7 @@
 
 A ledger is proof in the user's own run: two runs (any `D`, runner, worker
 count, resumes) that saw the same batches have the same lines, and `compare`
-names the first step, lane, row and sample where they did not.
+names the first step, lane, row and sample where they did not (`compare_ledgers`).
 
 File format (JSON Lines, UTF-8). A *header* line starts every run and every
 resume of a run::
@@ -315,7 +315,7 @@ class Comparison:
         return self.divergence is None
 
 
-def compare(a: Ledger, b: Ledger) -> Comparison:
+def compare_ledgers(a: Ledger, b: Ledger) -> Comparison:
     """Compare the steps both ledgers hold; the first divergence, named, or None."""
     _same_recipe(a.fingerprint, b.fingerprint, a.path, b.path)
     common = sorted(set(a.steps) & set(b.steps))

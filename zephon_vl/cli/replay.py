@@ -43,8 +43,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from zephon_core.engine.ledger import (
         Ledger,
         LedgerError,
-        compare,
         compare_entries,
+        compare_ledgers,
         read_ledger,
     )
     from zephon_core.engine.simulate import ElasticRun
@@ -56,7 +56,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with ElasticRun(recipe_for(state["fingerprint"], args.recipe), execution_from(args),
                     digests=True) as run:
         if against is not None:
-            compare(against, Ledger("the checkpoint", run.recipe.fingerprint()))
+            compare_ledgers(against, Ledger("the checkpoint", run.recipe.fingerprint()))
         lines = [rec.out.ledger for rec in run.resume(state, args.dp, start + args.steps,
                                                       ledger=args.ledger)]
     print(f"replayed steps {start}..{start + len(lines) - 1} on D={args.dp}"
