@@ -101,3 +101,12 @@ def test_replay_verifies_and_finds_a_divergence(runs: Path, tmp_path: Path, caps
     assert main(["replay", state, "--steps", "2", "--runner", "inline",
                  "--against", str(tmp_path / "bad.jsonl")]) == 1
     assert "step 2, lane 0: a drop on one side only: in B" in capsys.readouterr().out
+
+
+def test_elastic_demo_writes_ledgers_that_verify(tmp_path: Path, capsys) -> None:
+    ledger = tmp_path / "e.jsonl"
+    assert main(["elastic-demo", "--lanes", "4", "--save-dp", "2", "--resume-dp", "1,4",
+                 "--steps", "4", "--save-at", "2", "--ledger", str(ledger)]) == 0
+    for d in (1, 4):
+        assert main(["verify", str(ledger), str(tmp_path / f"e.resumed-d{d}.jsonl")]) == 0
+    assert capsys.readouterr().out.count("verified 2 common steps (steps 2..3)") == 2
