@@ -67,3 +67,7 @@ def test_titan_ledger_inspect_and_replay_of_a_dcp_checkpoint(tmp_path: Path, cap
     (tmp_path / "other").mkdir()
     assert main(["inspect", str(tmp_path / "other")]) == 2
     assert "not a torch.distributed.checkpoint" in capsys.readouterr().err
+    (tmp_path / "other" / ".metadata").write_bytes(b"not a pickle")
+    assert main(["inspect", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "DCP metadata cannot be read" in err and "Traceback" not in err

@@ -48,7 +48,12 @@ def _from_dcp(folder: Path) -> Any:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    meta = FileSystemReader(str(folder)).read_metadata()
+    try:
+        meta = FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable metadata is the same answer
+        raise CheckpointError(f"{folder}: its DCP metadata cannot be read "
+                              f"({type(exc).__name__}: {exc}); the checkpoint is damaged or "
+                              "not a DCP checkpoint") from None
     keys = [k for k in meta.state_dict_metadata if k.endswith(TITAN_KEY)]
     if not keys:
         raise CheckpointError(f"{folder}: the checkpoint has no '{TITAN_KEY}' entry (no zephon "
@@ -59,7 +64,12 @@ def _from_dcp(folder: Path) -> Any:
     target: dict[str, Any] = {prefix: holder} if prefix else holder.value
     with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(target, checkpoint_id=str(folder), no_dist=True)
+        try:
+            dcp.load(target, checkpoint_id=str(folder), no_dist=True)
+        except Exception as exc:  # noqa: BLE001 - DCP wraps every failure differently
+            raise CheckpointError(f"{folder}: reading '{keys[0]}' failed "
+                                  f"({type(exc).__name__}: {str(exc)[:200]}); the checkpoint "
+                                  "is damaged or incomplete") from None
     return holder.value[TITAN_KEY]
 
 
