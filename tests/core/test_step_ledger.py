@@ -173,3 +173,13 @@ def test_compare_names_step_lane_row_sample_and_what(tmp_path: Path) -> None:
         text = result.divergence.describe()
         assert where in text and what in text, text
         assert result.divergence.step == 2
+
+
+def test_ledgers_hashed_differently_are_refused(tmp_path: Path) -> None:
+    ledger_of(tmp_path / "a.jsonl", 1, steps=1)
+    text = (tmp_path / "a.jsonl").read_text()
+    assert '"sample_digest": "xxh3_64"' in text
+    (tmp_path / "b.jsonl").write_text(text.replace('"sample_digest": "xxh3_64"',
+                                                   '"sample_digest": "sha256"'))
+    with pytest.raises(LedgerError, match="hash samples differently: sample_digest is 'xxh3_64'"):
+        compare_ledgers(read_ledger(tmp_path / "a.jsonl"), read_ledger(tmp_path / "b.jsonl"))

@@ -75,6 +75,11 @@ def payload_digest(obj: Any) -> str:
     return h.hexdigest()
 
 
+#: the algorithm of `sample_digest`, recorded in every ledger header: ledgers hashed
+#: differently are refused by a comparison rather than reported as different content
+SAMPLE_DIGEST = "xxh3_64"
+
+
 def sample_digest(payload: Any) -> dict[str, str]:
     """Per-field 64-bit digests of one sample's payload, so a difference names its field.
 

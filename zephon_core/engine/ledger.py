@@ -7,7 +7,8 @@ names the first step, lane, row and sample where they did not (`compare_ledgers`
 File format (JSON Lines, UTF-8). A *header* line starts every run and every
 resume of a run::
 
-    {"zephon_ledger": 1, "start": K, "fingerprint": {...}, "fingerprint_sha256": "..."}
+    {"zephon_ledger": 1, "start": K, "sample_digest": "xxh3_64", "fingerprint": {...},
+     "fingerprint_sha256": "..."}
 
 then one *step* line per global step::
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.digest import SAMPLE_DIGEST
 from zephon_core.engine.checkpoint import fingerprint_digest, first_difference, short_json
 from zephon_core.errors import ZephonError
 from zephon_core.ops.contract import Row
@@ -151,7 +153,7 @@ class LedgerWriter:
                             "removing the %d partial bytes", self.path, size - keep)
                 os.ftruncate(fd, keep)
         header = {"zephon_ledger": LEDGER_FORMAT, "start": start,
-                  "fingerprint": self.fingerprint,
+                  "sample_digest": SAMPLE_DIGEST, "fingerprint": self.fingerprint,
                   "fingerprint_sha256": fingerprint_digest(self.fingerprint)}
         os.write(fd, (json.dumps(header, sort_keys=True) + "\n").encode())
         return fd
@@ -219,6 +221,7 @@ class Ledger:
 
     path: str
     fingerprint: dict
+    sample_digest: str = SAMPLE_DIGEST
     steps: dict[int, dict] = field(default_factory=dict)
     resumes: list[int] = field(default_factory=list)
 
@@ -256,7 +259,7 @@ def read_ledger(path: str | os.PathLike) -> Ledger:
                 raise LedgerError(f"ledger {where}, line {n}: format {line['zephon_ledger']!r} "
                                   f"is not this zephon's ({LEDGER_FORMAT})")
             if ledger is None:
-                ledger = Ledger(where, fp)
+                ledger = Ledger(where, fp, str(line.get("sample_digest")))
             else:
                 _same_recipe(ledger.fingerprint, fp, f"{where} (line 1)", f"{where} (line {n})")
             start = int(line.get("start", 0))
@@ -317,6 +320,10 @@ class Comparison:
 
 def compare_ledgers(a: Ledger, b: Ledger) -> Comparison:
     """Compare the steps both ledgers hold; the first divergence, named, or None."""
+    if a.sample_digest != b.sample_digest:
+        raise LedgerError(f"the ledgers hash samples differently: sample_digest is "
+                          f"{a.sample_digest!r} in {a.path} but {b.sample_digest!r} in {b.path}; "
+                          "write both with the same zephon version")
     _same_recipe(a.fingerprint, b.fingerprint, a.path, b.path)
     common = sorted(set(a.steps) & set(b.steps))
     for t in common:
