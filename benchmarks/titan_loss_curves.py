@@ -43,7 +43,7 @@ def _worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from zephon_core import batch_digest
+    from zephon_core import gathered_batch_digest
     from zephon_vl.testing.tiny_model import build_model, fold_vocab, make_optimizer, train_step
     from zephon_vl.titan.dataloader import ZephonDataLoader
 
@@ -73,12 +73,7 @@ def _worker(args: argparse.Namespace) -> int:
         micro = [next(it) for _ in range(dl.microbatches)]
         rows = {k: torch.cat([x[k] for x, _ in micro]) for k in ("input", "positions")}
         rows["labels"] = torch.cat([y for _, y in micro])
-        gathered = {}
-        for k, v in rows.items():
-            parts = [torch.empty_like(v) for _ in range(world)]
-            dist.all_gather(parts, v)
-            gathered[k] = torch.cat(parts)
-        digest = batch_digest(gathered)
+        digest = gathered_batch_digest(rows)
         if vocab:
             micro = fold_vocab(micro, vocab)
         loss = train_step(model, opt, micro, torch.device("cpu"))

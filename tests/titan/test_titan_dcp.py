@@ -20,11 +20,13 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from zephon_core import (
-    Execution,  # noqa: E402
-    batch_digest,  # noqa: E402
-    load_recipe,  # noqa: E402
-    run_digests,  # noqa: E402
+from zephon_core import (  # noqa: E402
+    Execution,
+    batch_digest,
+    compare_ledgers,
+    load_recipe,
+    read_ledger,
+    run_digests,
 )
 from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 
@@ -36,7 +38,8 @@ def torchrun(nproc, out, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "zephon_vl.testing.dcp_check", "--out", str(out),
            "--steps", str(STEPS), "--lanes", str(LANES), "--global-batch", str(G),
-           "--seq-len", str(S), "--runner", "inline", *extra]
+           "--seq-len", str(S), "--runner", "inline", "--ledger", str(out / "ledger.jsonl"),
+           *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return ({int(k): v for k, v in json.loads((out / "digests.json").read_text()).items()},
@@ -51,12 +54,18 @@ def test_dcp_round_trip_across_rank_counts(tmp_path):
     # zephon's own global batches, ranks simulated in one process
     zephon = [r.sha256 for r in run_digests(
         lambda: load_recipe("text-demo", num_lanes=LANES, global_batch_size=G, seq_len=S),
-        1, STEPS, Execution(runner="inline"))]
+        1, STEPS, Execution(runner="inline"), ledger=tmp_path / "simulated.jsonl")]
     assert [saved[t] for t in range(STEPS)] == zephon
 
     resumed4, _ = torchrun(4, tmp_path / "d4", "--resume", str(tmp_path / "d2" / "ckpt"),
                            "--local-batch", "2")
     assert resumed4 == {t: saved[t] for t in range(SAVE_AT, STEPS)}
+    # the ledgers of real ranks (gathered over gloo, written by rank 0) match the simulated one
+    simulated = read_ledger(tmp_path / "simulated.jsonl")
+    on2 = compare_ledgers(simulated, read_ledger(tmp_path / "d2" / "ledger.jsonl"))
+    assert on2.ok and on2.common == list(range(STEPS))
+    on4 = compare_ledgers(simulated, read_ledger(tmp_path / "d4" / "ledger.jsonl"))
+    assert on4.ok and on4.common == list(range(SAVE_AT, STEPS))
 
     # D = 1 in this process, DCP without a process group
     dl = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=LANES,

@@ -47,12 +47,13 @@ def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: 
     return state
 
 
-def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
+def first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first path (dotted, with [i] for list items) where JSON values `a` and `b` differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
             if k not in a or k not in b:
                 return (f"{path}.{k}", a.get(k, "<missing>"), b.get(k, "<missing>"))
-            found = _first_difference(a[k], b[k], f"{path}.{k}")
+            found = first_difference(a[k], b[k], f"{path}.{k}")
             if found:
                 return found
         return None
@@ -62,14 +63,15 @@ def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             named = f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) \
                 else ""  # e.g. which shard changed, not only its position
-            found = _first_difference(x, y, f"{path}[{i}]{named}")
+            found = first_difference(x, y, f"{path}[{i}]{named}")
             if found:
                 return found
         return None
     return None if a == b else (path, a, b)
 
 
-def _short(v: Any) -> str:
+def short_json(v: Any) -> str:
+    """`v` as JSON, cut to 120 characters for an error message."""
     text = json.dumps(v, sort_keys=True, default=str)
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -98,12 +100,12 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any])
             fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
         raise CheckpointError("checkpoint is corrupt: its fingerprint does not match its "
                               "fingerprint_sha256 (the file was edited or damaged)")
-    diff = _first_difference(state["fingerprint"], fingerprint, "fingerprint")
+    diff = first_difference(state["fingerprint"], fingerprint, "fingerprint")
     if diff:
         path, theirs, ours = diff
         raise CheckpointError(
-            f"checkpoint was made with another recipe: {path} is {_short(theirs)} in the "
-            f"checkpoint but {_short(ours)} here. Restore with the same setting, or start a "
+            f"checkpoint was made with another recipe: {path} is {short_json(theirs)} in the "
+            f"checkpoint but {short_json(ours)} here. Restore with the same setting, or start a "
             "new run")
     if state["num_lanes"] != fingerprint["num_lanes"]:
         raise CheckpointError(f"checkpoint is corrupt: num_lanes is {state['num_lanes']!r} but "
@@ -149,11 +151,17 @@ def gather_global_state(local: dict) -> dict:
 
     The states travel as JSON bytes, not pickles.
     """
+
+    return merge_states(all_gather_json(local))
+
+
+def all_gather_json(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, sent as JSON bytes over gloo (never pickles)."""
     import torch
     import torch.distributed as dist
 
-    group = _gloo_group()
-    blob = json.dumps(local, sort_keys=True).encode()
+    group = gloo_group()
+    blob = json.dumps(obj, sort_keys=True).encode()
     size = torch.tensor([len(blob)], dtype=torch.int64)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, size, group=group)
@@ -162,15 +170,14 @@ def gather_global_state(local: dict) -> dict:
     mine[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
     dist.all_gather(bufs, mine, group=group)
-    states = [json.loads(b[:int(n.item())].numpy().tobytes()) for b, n in zip(bufs, sizes,
-                                                                              strict=True)]
-    return merge_states(states)
+    return [json.loads(b[:int(n.item())].numpy().tobytes())
+            for b, n in zip(bufs, sizes, strict=True)]
 
 
 _GLOO: Any = None
 
 
-def _gloo_group() -> Any:
+def gloo_group() -> Any:
     """A gloo group over every rank: WORLD itself, or one made once beside NCCL.
 
     Only a weak reference is cached: torch's registry owns the group, so

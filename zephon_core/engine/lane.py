@@ -14,13 +14,14 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
+from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
 from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
-from zephon_core.ops.contract import Accumulator, Combiner, Row
+from zephon_core.ops.contract import Accumulator, Combiner, Digested, Row, Segment
 from zephon_core.records import Dropped, Element, Origin
 
 _KEY_SALT = 0x454C454D
@@ -101,6 +102,9 @@ class LaneRun:
         self.finished = False
         self.draws_since_row = 0
         self.stall_limit = 4 * sum(o.total for o in source.orders) + 1024
+        #: with the ledger on (`plan.digests`): sample digests made by the workers, by
+        #: origin, until the element's last segment is in a row
+        self.digests: dict[Origin, dict[str, str]] | None = {} if plan.digests else None
 
     # --- moving elements ---------------------------------------------------
     def _to_stage(self, i: int, origin: Origin, payload: Any) -> None:
@@ -133,6 +137,8 @@ class LaneRun:
                     refused = self.combiner.push(origin, payload)
                     if refused is not None:
                         self._record_drop(origin, refused.reason)
+                        if self.digests is not None:
+                            self.digests.pop(origin, None)
                     self._take_rows()
                 else:
                     for o, p in self.accs[i].push((origin, payload)):
@@ -150,9 +156,30 @@ class LaneRun:
         while (row := self.combiner.pop_row()) is not None:
             self.draws_since_row = 0
             row.drops, self.pending_drops = self.pending_drops, []
+            if self.digests is not None:
+                row.digests = [self._segment_digest(s) for s in row.segments]
+                if len(self.digests) > 4 * self.budget + 1024:
+                    # a document cut by the combiner (truncated) never shows its last
+                    # segment: forget digests of elements the lane no longer holds
+                    held = set(self.held_origins())
+                    self.digests = {o: d for o, d in self.digests.items() if o in held}
             self.rows_emitted += 1
             snap = self.snapshot() if self.rows_emitted % self.r == 0 else None
             self.rows.append((row, snap))
+
+    def _segment_digest(self, s: Segment) -> dict[str, str]:
+        """The worker's digest of the segment's sample; made here only for payloads
+        recomputed on restore (or a pipeline without transforms)."""
+        try:
+            last = s.end >= len(s.payload["tokens"])
+        except (TypeError, KeyError, IndexError):
+            last = True
+        digest = self.digests.pop(s.origin, None) if last else self.digests.get(s.origin)
+        if digest is None:
+            digest = sample_digest(s.payload)
+            if not last:
+                self.digests[s.origin] = digest
+        return digest
 
     def _in_flight(self) -> int:
         return sum(st.count() for st in self.t.values()) + sum(len(b) for b in self.inbox.values())
@@ -191,6 +218,10 @@ class LaneRun:
                     raise RuntimeError(f"lane {self.lane}, stage {self.stages[i].name!r}, group "
                                        f"starting at {group.origins[0].where()}: {exc}") from exc
                 for o, out in zip(group.origins, outs, strict=True):
+                    if isinstance(out, Digested):
+                        if self.digests is not None:
+                            self.digests[o] = out.digest
+                        out = out.payload
                     self._to_stage(i + 1, o, out)
                 if self.observer is not None:
                     self._observe(i, self.stages[i].runner_kind, group.submitted,

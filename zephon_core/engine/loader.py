@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -16,6 +17,7 @@ from zephon_core.data.sources import DatasetOrder, LaneSource
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
+from zephon_core.engine.ledger import RankLedger, lane_entries, reader_keys
 from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
@@ -35,6 +37,8 @@ class StepMeta:
     lanes: list[int]
     rows: list[list[tuple[Origin, int, int]]]
     drops: list[tuple[Origin, str]] = field(default_factory=list)
+    #: with sample digests on: this rank's lanes' ledger entries (`ledger.lane_entries`)
+    ledger: dict[int, dict] | None = None
 
     @property
     def tokens(self) -> int:
@@ -80,12 +84,19 @@ class Loader:
     through every stage of every lane (see `zephon_core.engine.observe`; a
     `StageStats` totals them for `explain`). It sees counts, times and
     origins, never payloads, so it cannot change a batch.
+
+    `ledger` (a path) appends one line per global step to a ledger file (see
+    `zephon_core.engine.ledger`; rank 0 writes, the lanes' entries are
+    gathered over gloo). `digests=True` computes the per-sample digests and
+    `StepMeta.ledger` without writing (the simulated ranks write one ledger).
+    Neither changes a batch.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
                  execution: Execution | None = None, microbatches: int = 1,
                  runners: dict[int, Runner] | None = None, gather: bool = True,
-                 background: bool = False, observer: StageObserver | None = None) -> None:
+                 background: bool = False, observer: StageObserver | None = None,
+                 ledger: str | os.PathLike | None = None, digests: bool = False) -> None:
         self.recipe = recipe
         self.observer = observer
         self.dp_rank = dp_rank
@@ -97,8 +108,11 @@ class Loader:
                               f"{microbatches} equal microbatches")
         self.microbatches = microbatches
         self.execution = execution or Execution()
-        self.plan = Plan(recipe.ops, self.execution, len(self.lanes))
+        self.digests = digests or ledger is not None
+        self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests)
         self.fingerprint = recipe.fingerprint()
+        self._keys = reader_keys(recipe) if self.digests else None
+        self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
         self.gather = gather
@@ -107,7 +121,7 @@ class Loader:
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
         # A weak reference: torch's registry owns the group, so destroy_process_group frees
-        # it and its threads before interpreter shutdown (see checkpoint._gloo_group).
+        # it and its threads before interpreter shutdown (see checkpoint.gloo_group).
         self._end_group: Callable[[], Any] | None = None
         if recipe.epochs is not None:
             import torch.distributed as dist
@@ -208,6 +222,8 @@ class Loader:
         meta = StepMeta(self._produced, list(self.lanes),
                         [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
                         drops)
+        if self.digests:
+            meta.ledger = lane_entries(self.lanes, r, rows, self._keys)
         self._produced += 1
         return _Step(rows, snaps, meta)
 
@@ -301,6 +317,8 @@ class Loader:
         self._snapshots.update(step.snapshots)
         self.last_meta = step.meta
         self.step = step.meta.step + 1
+        if self.ledger is not None and step.meta.ledger is not None:
+            self.ledger.record(step.meta.step, step.meta.ledger)
 
     def _collate(self, rows: list[Row]) -> Any:
         if self.microbatches == 1:
@@ -403,6 +421,8 @@ class Loader:
         self.step = self._produced = int(state["step"])
         self._failed = None
         self._build_lanes(snaps)
+        if self.ledger is not None:
+            self.ledger.restart()
 
     # --- lifecycle -----------------------------------------------------------
     def explain(self, stats: StageStats | None = None) -> str:
@@ -418,6 +438,8 @@ class Loader:
             return
         self._stop_background()
         self._closed = True
+        if self.ledger is not None:
+            self.ledger.close()
         if self._owns_runners:
             for runner in self.runners.values():
                 runner.close()

@@ -34,7 +34,8 @@ class Stage:
 class Plan:
     """Operators compiled into stages: fused transforms, accumulators, and the combiner last."""
 
-    def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1) -> None:
+    def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1,
+                 digests: bool = False) -> None:
         names = [o.name for o in ops]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -48,6 +49,7 @@ class Plan:
                               f"remove {extra}")
         self.ops = ops
         self.execution = execution
+        self.digests = digests
         self.stages: list[Stage] = []
         for op in ops:
             if isinstance(op, Transform):
@@ -73,8 +75,15 @@ class Plan:
         """The last operator, which makes the rows."""
         return self.ops[-1]  # type: ignore[return-value]
 
+    @property
+    def last_transform(self) -> int | None:
+        """The stage whose outputs reach the combiner unchanged (accumulators keep payloads)."""
+        return max((s.index for s in self.stages if s.kind == "transform"), default=None)
+
     def stage_fn(self, stage: Stage) -> StageFn:
-        return StageFn(list(stage.ops))  # type: ignore[arg-type]
+        """With `digests` (the ledger), the last transform stage hashes each sample it makes."""
+        return StageFn(list(stage.ops),  # type: ignore[arg-type]
+                       digests=self.digests and stage.index == self.last_transform)
 
     def prefix_fn(self, upto: int) -> StageFn:
         """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""

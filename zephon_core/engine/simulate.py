@@ -1,20 +1,33 @@
-"""Simulate `D` data-parallel ranks in one process and hash every global batch.
+"""Rank simulation and the "save on D, resume on D'" harness: the one implementation.
 
-This is the offline proof behind `zephon-vl digest`: the digests must not
-change with `D`, with the execution knobs, or across a save on `D` ranks and
-a resume on `D'` ranks through the same JSON a user would store.
+`SimulatedRanks` runs `D` data-parallel ranks in one process and assembles
+every global batch; `ElasticRun` runs them on shared runners, saves the
+global state at step `k` and resumes it on each `D'`, yielding a `StepRecord`
+per global step (batch digest, token and row counts, and with `ledger` the
+step's ledger line). `run_digests` is its one-call form behind
+`zephon-vl digest`; `demo`, `elastic-demo` and `replay` use it too. For real
+torch.distributed ranks, `gathered_batch_digest` is the same batch digest
+over the ranks' local batches.
+
+The digests must not change with `D`, with the execution knobs, or across a
+save on `D` ranks and a resume on `D'` ranks through the same JSON a user
+would store.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from zephon_core.common.digest import batch_digest
 from zephon_core.engine.checkpoint import merge_states
 from zephon_core.engine.execution import Execution
+from zephon_core.engine.ledger import LedgerWriter, step_entry
 from zephon_core.engine.loader import Loader
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
@@ -23,27 +36,11 @@ from zephon_core.recipes.recipe import Recipe
 
 
 @dataclass
-class StepRecord:
-    step: int
-    sha256: str
-    dp: int
-    phase: str
-    rows: int
-    tokens: int
-    fill: float
-    drops: int
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {"step": self.step, "sha256": self.sha256, "dp": self.dp, "phase": self.phase,
-                "rows": self.rows, "tokens": self.tokens, "fill": round(self.fill, 4),
-                "drops": self.drops, "seconds": round(self.seconds, 4)}
-
-
-@dataclass
 class GlobalStep:
     batch: dict
     rows: list[Row]
+    #: the step's ledger line (`zephon_core.engine.ledger`), with digests on
+    ledger: dict | None = None
 
     @property
     def tokens(self) -> int:
@@ -59,15 +56,44 @@ class GlobalStep:
         return sum(1 for r in self.rows for s in r.segments if s.start == 0)
 
 
+@dataclass
+class StepRecord:
+    step: int
+    sha256: str
+    dp: int
+    phase: str
+    rows: int
+    tokens: int
+    fill: float
+    drops: int
+    seconds: float
+    #: the global step itself (batch, rows, ledger line); not part of `to_json`
+    out: GlobalStep | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "sha256": self.sha256, "dp": self.dp, "phase": self.phase,
+                "rows": self.rows, "tokens": self.tokens, "fill": round(self.fill, 4),
+                "drops": self.drops, "seconds": round(self.seconds, 4)}
+
+
 class SimulatedRanks:
-    """`D` loaders sharing one set of runners (one process pool per stage, not one per rank)."""
+    """`D` loaders sharing one set of runners (one process pool per stage, not one per rank).
+
+    With `digests`, each global step carries its ledger line, merged from
+    the ranks' lane entries exactly as rank 0 of a real run writes it.
+    """
 
     def __init__(self, recipe: Recipe, dp: int, execution: Execution,
-                 runners: dict[int, Runner]) -> None:
+                 runners: dict[int, Runner], digests: bool = False) -> None:
         self.recipe = recipe
         self.dp = dp
-        self.loaders = [Loader(recipe, d, dp, execution, runners=runners, gather=False)
-                        for d in range(dp)]
+        self.digests = digests
+        self.loaders = [Loader(recipe, d, dp, execution, runners=runners, gather=False,
+                               digests=digests) for d in range(dp)]
+
+    @property
+    def step(self) -> int:
+        return self.loaders[0].step
 
     def global_step(self) -> GlobalStep | None:
         """The global batch, collated from all ranks' rows in rank order."""
@@ -77,61 +103,169 @@ class SimulatedRanks:
             if local is None:
                 return None
             rows += local
-        return GlobalStep(self.recipe.collate(rows), rows)
+        ledger = None
+        if self.digests:
+            entries = {lane: e for ld in self.loaders
+                       for lane, e in (ld.last_meta.ledger or {}).items()}  # type: ignore[union-attr]
+            ledger = step_entry(self.loaders[0].last_meta.step, entries)  # type: ignore[union-attr]
+        return GlobalStep(self.recipe.collate(rows), rows, ledger)
 
     def state_json(self) -> str:
         return json.dumps(merge_states([ld.local_state_dict() for ld in self.loaders]),
                           sort_keys=True)
 
-    def load(self, state_json: str) -> None:
-        state = json.loads(state_json)
+    def load(self, state_json: str | dict) -> None:
+        state = json.loads(state_json) if isinstance(state_json, str) else state_json
         for loader in self.loaders:
             loader.load_state_dict(state)
+
+    def explain(self) -> str:
+        return self.loaders[0].explain()
+
+
+def resumed_ledger_path(path: str | os.PathLike, dp: int) -> Path:
+    """Where a resume on `dp` ranks writes its ledger: ``run.jsonl`` -> ``run.resumed-d4.jsonl``."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.resumed-d{dp}{p.suffix or '.jsonl'}")
+
+
+class ElasticRun:
+    """Simulated ranks on one set of runners: run on `D`, save at step `k`, resume on each `D'`.
+
+    `ledger` (a path): the run on `D` writes it, each resume on `D'` writes
+    `resumed_ledger_path(ledger, D')`; compare them with `zephon-vl verify`.
+    """
+
+    def __init__(self, make_recipe: Callable[[], Recipe], execution: Execution | None = None,
+                 ledger: str | os.PathLike | None = None, digests: bool = False) -> None:
+        self.make_recipe = make_recipe
+        self.execution = execution or Execution()
+        self.ledger = ledger
+        self.digests = digests or ledger is not None
+        self.recipe = make_recipe()
+        self.runners = Plan(self.recipe.ops, self.execution,
+                            digests=self.digests).make_runners()
+        self.state: str | None = None
+
+    def ranks(self, dp: int, recipe: Recipe | None = None) -> SimulatedRanks:
+        return SimulatedRanks(recipe or self.make_recipe(), dp, self.execution, self.runners,
+                              self.digests)
+
+    def steps(self, sim: SimulatedRanks, stop: int, phase: str,
+              writer: LedgerWriter | None = None) -> Iterator[StepRecord]:
+        """Global steps from `sim`'s current step up to `stop` (fewer at the end of the data)."""
+        capacity = sim.recipe.global_batch_size * sim.recipe.seq_len
+        for t in range(sim.step, stop):
+            t0 = time.perf_counter()
+            out = sim.global_step()
+            if out is None:
+                return
+            if writer is not None and out.ledger is not None:
+                writer.write(out.ledger)
+            yield StepRecord(t, batch_digest(out.batch), sim.dp, phase,
+                             sim.recipe.global_batch_size, out.tokens, out.tokens / capacity,
+                             out.drops, time.perf_counter() - t0, out)
+
+    def _writer(self, path: str | os.PathLike | None, recipe: Recipe) -> LedgerWriter | None:
+        return LedgerWriter(path, recipe.fingerprint()) if path is not None else None
+
+    def run(self, dp: int, steps: int, save_at: int | None = None,
+            resume_dp: list[int] | None = None,
+            on_state: Callable[[str], None] | None = None) -> Iterator[StepRecord]:
+        """The uninterrupted run on `dp` ranks (phase ``run``), then each resume (``resumed@K``).
+
+        With `save_at`, the global state is taken after `save_at` steps (kept
+        as `self.state`, passed to `on_state`) and, after the uninterrupted
+        run, restored on each of `resume_dp` (default: `dp`).
+        """
+        sim = self.ranks(dp, self.recipe)
+        writer = self._writer(self.ledger, sim.recipe)
+        try:
+            yield from self.steps(sim, steps if save_at is None else save_at, "run", writer)
+            if save_at is None:
+                return
+            self.state = sim.state_json()
+            if on_state is not None:
+                on_state(self.state)
+            yield from self.steps(sim, steps, "run", writer)
+        finally:
+            if writer is not None:
+                writer.close()
+        for d2 in resume_dp or [dp]:
+            yield from self.resume(self.state, d2, steps, f"resumed@{save_at}")
+
+    def resume(self, state: str | dict, dp: int, steps: int,
+               phase: str = "resumed", ledger: str | os.PathLike | None = None
+               ) -> Iterator[StepRecord]:
+        """Restore `state` on `dp` ranks and run up to step `steps`; the restore time is
+        counted in the first step's seconds."""
+        sim = self.ranks(dp)
+        t0 = time.perf_counter()
+        sim.load(state)
+        restore_s = time.perf_counter() - t0
+        if ledger is None and self.ledger is not None:
+            ledger = resumed_ledger_path(self.ledger, dp)
+        writer = self._writer(ledger, sim.recipe)
+        try:
+            first = True
+            for rec in self.steps(sim, steps, phase, writer):
+                if first:
+                    rec.seconds += restore_s
+                    first = False
+                yield rec
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+
+    def __enter__(self) -> ElasticRun:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
                 execution: Execution | None = None, save_at: int | None = None,
                 resume_dp: list[int] | None = None,
-                on_state: Callable[[str], None] | None = None) -> Iterator[StepRecord]:
+                on_state: Callable[[str], None] | None = None,
+                ledger: str | os.PathLike | None = None) -> Iterator[StepRecord]:
     """Yield one record per global step of the uninterrupted run on `dp` ranks.
 
     With `save_at`, the global state is also taken after `save_at` steps and,
     after the uninterrupted run, restored on each of `resume_dp` (phase
-    ``resumed@K``), whose records follow.
+    ``resumed@K``), whose records follow. See `ElasticRun` for `ledger`.
     """
-    execution = execution or Execution()
-    recipe = make_recipe()
-    runners = Plan(recipe.ops, execution).make_runners()
-    try:
-        sim = SimulatedRanks(recipe, dp, execution, runners)
-        stop = steps if save_at is None else save_at
-        yield from _steps(sim, 0, stop, "run")
-        if save_at is None:
-            return
-        state = sim.state_json()
-        if on_state is not None:
-            on_state(state)
-        yield from _steps(sim, save_at, steps, "run")
-        for d2 in resume_dp or [dp]:
-            sim2 = SimulatedRanks(make_recipe(), d2, execution, runners)
-            t0 = time.perf_counter()
-            sim2.load(state)
-            restore_s = time.perf_counter() - t0
-            for rec in _steps(sim2, save_at, steps, f"resumed@{save_at}"):
-                if rec.step == save_at:
-                    rec.seconds += restore_s
-                yield rec
-    finally:
-        for r in runners.values():
-            r.close()
+    with ElasticRun(make_recipe, execution, ledger) as run:
+        yield from run.run(dp, steps, save_at, resume_dp, on_state)
 
 
-def _steps(sim: SimulatedRanks, start: int, stop: int, phase: str) -> Iterator[StepRecord]:
-    capacity = sim.recipe.global_batch_size * sim.recipe.seq_len
-    for t in range(start, stop):
-        t0 = time.perf_counter()
-        out = sim.global_step()
-        if out is None:
-            return
-        yield StepRecord(t, batch_digest(out.batch), sim.dp, phase, sim.recipe.global_batch_size,
-                         out.tokens, out.tokens / capacity, out.drops, time.perf_counter() - t0)
+def gathered_batch_digest(local: dict) -> str | None:
+    """On real torch.distributed ranks: the batch digest of the global batch, on rank 0.
+
+    Every rank calls it with its local batch (tensors, rows along dim 0; 0-d
+    tensors are shared); the batches are all-gathered in rank order, so the
+    digest equals `SimulatedRanks`' for the same step. Other ranks get None.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    out = {}
+    for name in sorted(local):
+        t = local[name]
+        if t.dim() == 0:
+            out[name] = t
+            continue
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([t.shape[0]]))
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros((longest, *t.shape[1:]), dtype=t.dtype)
+        padded[:t.shape[0]] = t
+        parts = [torch.zeros_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded)
+        out[name] = torch.cat([p[:int(n.item())] for p, n in zip(parts, sizes, strict=True)])
+    return batch_digest(out) if dist.get_rank() == 0 else None

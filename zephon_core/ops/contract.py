@@ -15,8 +15,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from zephon_core.common.digest import sample_digest
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.records import Dropped, Element, Origin
 
@@ -134,6 +135,8 @@ class Row:
 
     segments: list[Segment]
     drops: list[tuple[Origin, str]] = field(default_factory=list)
+    #: with the ledger on: one sample digest per segment (set by the lane, like `drops`)
+    digests: list[dict[str, str]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -237,6 +240,9 @@ class StageFn:
     """
 
     transforms: list[Transform]
+    #: the stage that makes the combiner's payloads with the ledger on: each output goes back
+    #: as `Digested`, hashed here in the worker so the driver only combines digests
+    digests: bool = False
 
     def setup(self) -> None:
         for t in self.transforms:
@@ -251,7 +257,17 @@ class StageFn:
             batch = [Element(elements[i].key, outputs[i], elements[i].origin) for i in live]
             for i, out in zip(live, _run_one(t, batch), strict=True):
                 outputs[i] = out
+        if self.digests:
+            return [o if isinstance(o, Dropped) else Digested(o, sample_digest(o))
+                    for o in outputs]
         return outputs
+
+
+class Digested(NamedTuple):
+    """A stage output with its sample digest (`zephon_core.common.digest.sample_digest`)."""
+
+    payload: Any
+    digest: dict[str, str]
 
 
 #: What a transform raises when a sample's own content is malformed (a caption that is a

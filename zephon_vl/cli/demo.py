@@ -2,8 +2,9 @@
 
 Builds the demo data if needed, runs the `vlm-demo` recipe with a process
 pool on `--dp` simulated ranks, saves the global state at `--save-at`,
-resumes it on every `--resume-dp`, and prints the per-step digests side by
-side with throughput and fill. Exits 1 if any digest differs.
+resumes it on every `--resume-dp` (`zephon_core.engine.simulate.ElasticRun`),
+and prints the per-step digests side by side with throughput and fill; with
+`--ledger`, every run writes its ledger. Exits 1 if any digest differs.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import json
 import sys
 import time
 
-from zephon_core import SimulatedRanks
-from zephon_core.engine.plan import Plan
+from zephon_core import ElasticRun
 from zephon_vl.cli.main import add_execution_args, command, execution_from, print_digest_table
 
 
@@ -27,6 +27,9 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-dp", default="1,4,8", help="rank counts to resume on")
     p.add_argument("--samples", type=int, default=2000, help="size of the demo data set")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
+    p.add_argument("--ledger", default=None, metavar="PATH",
+                   help="write the run's ledger here and each resume's beside it "
+                   "(PATH.resumed-dN.jsonl); compare them with zephon-vl verify")
     add_execution_args(p)
 
 
@@ -52,48 +55,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return vlm_demo(num_lanes=args.lanes, num_samples=args.samples)
 
     ex = execution_from(args)
-    recipe = make()
-    runners = Plan(recipe.ops, ex).make_runners()
     resume = [int(x) for x in args.resume_dp.split(",") if x]
     table: dict[int, dict[str, str]] = {}
-    try:
-        sim = SimulatedRanks(recipe, args.dp, ex, runners)
-        print(sim.loaders[0].explain(), flush=True)
-        samples = images = tokens = 0
-        t_first = t_steady = None
-        start = time.perf_counter()
-        state = None
-        for t in range(args.steps):
-            out = sim.global_step()
-            if out is None:
-                print("data ran out before --steps", file=sys.stderr)
-                return 1
-            now = time.perf_counter()
-            if t == 0:
-                t_first, t_steady = now - start, now
+    samples = images = tokens = 0
+    t_first = steady = 0.0
+    with ElasticRun(make, ex, args.ledger) as run:
+        print(run.ranks(args.dp, run.recipe).explain(), flush=True)
+        elapsed = 0.0
+        for rec in run.run(args.dp, args.steps, args.save_at, resume):
+            col = f"D={rec.dp}"
+            if rec.phase != "run":
+                table[rec.step][col] = rec.sha256
+                if rec.step == args.save_at:
+                    print(f"resumed on D={rec.dp} from step {args.save_at} (restore and first "
+                          f"step {rec.seconds:.2f}s)", flush=True)
+                continue
+            elapsed += rec.seconds
+            if rec.step == 0:
+                t_first = rec.seconds
             else:
-                samples += out.documents
-                images += int(out.batch["grid_thw"].shape[0])
-                tokens += out.tokens
-            table.setdefault(t, {})[f"D={args.dp}"] = _digest(out.batch)
-            print(f"step {t}: {table[t][f'D={args.dp}'][:16]}  ({now - start:.1f}s)", flush=True)
-            if t + 1 == args.save_at:
-                state = sim.state_json()
-        steady = time.perf_counter() - t_steady if t_steady else 0.0
-        fill = tokens / max(1, (args.steps - 1) * recipe.global_batch_size * recipe.seq_len)
+                steady += rec.seconds
+                samples += rec.out.documents
+                images += int(rec.out.batch["grid_thw"].shape[0])
+                tokens += rec.tokens
+            table.setdefault(rec.step, {})[col] = rec.sha256
+            print(f"step {rec.step}: {rec.sha256[:16]}  ({elapsed:.1f}s)", flush=True)
+        if len(table) < args.steps:
+            print("data ran out before --steps", file=sys.stderr)
+            return 1
+    for t in range(args.save_at, args.steps):
         for d2 in resume:
-            sim2 = SimulatedRanks(make(), d2, ex, runners)
-            r0 = time.perf_counter()
-            sim2.load(state)
-            restore = time.perf_counter() - r0
-            for t in range(args.save_at, args.steps):
-                out = sim2.global_step()
-                table[t][f"D={d2}"] = _digest(out.batch) if out else "<end of data>"
-            print(f"resumed on D={d2} from step {args.save_at} (restore {restore:.2f}s)",
-                  flush=True)
-    finally:
-        for r in runners.values():
-            r.close()
+            table[t].setdefault(f"D={d2}", "<end of data>")
+    fill = tokens / max(1, (args.steps - 1) * run.recipe.global_batch_size * run.recipe.seq_len)
     print()
     ok = print_digest_table(table, [f"D={args.dp}"] + [f"D={d}" for d in resume])
     summary = {

@@ -28,6 +28,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-at", type=int, default=3)
     p.add_argument("--torchrun", action="store_true", help="real processes with torchrun/gloo")
+    p.add_argument("--ledger", default=None, metavar="PATH",
+                   help="the saving run's ledger; each resume writes PATH.resumed-dN.jsonl")
 
 
 def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[str, str]]:
@@ -36,7 +38,7 @@ def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[st
     reference = run_digests(lambda: load_recipe(args.recipe, num_lanes=args.lanes,
                                                 global_batch_size=args.lanes),
                             args.save_dp, args.steps, Execution(runner="inline"),
-                            args.save_at, resume)
+                            args.save_at, resume, ledger=args.ledger)
     for rec in reference:
         col = f"D={rec.dp}" + ("" if rec.phase == "run" else " (resumed)")
         table.setdefault(rec.step, {})[col] = rec.sha256
@@ -45,6 +47,8 @@ def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[st
 
 
 def _torchrun(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[str, str]]:
+    from zephon_core.engine.simulate import resumed_ledger_path
+
     table: dict[int, dict[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="zephon-elastic-") as tmp:
         def launch(nproc: int, out: Path, *extra: str) -> dict[str, str]:
@@ -59,10 +63,15 @@ def _torchrun(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[str
             return json.loads((out / "digests.json").read_text())
 
         first = Path(tmp, f"d{args.save_dp}")
-        for t, d in launch(args.save_dp, first, "--save-at", str(args.save_at)).items():
+        ledger = ("--ledger", args.ledger) if args.ledger else ()
+        for t, d in launch(args.save_dp, first, "--save-at", str(args.save_at),
+                           *ledger).items():
             table.setdefault(int(t), {})[f"D={args.save_dp}"] = d
         for d2 in resume:
-            got = launch(d2, Path(tmp, f"resume-d{d2}"), "--resume", str(first / "state.json"))
+            ledger = ("--ledger", str(resumed_ledger_path(args.ledger, d2))) \
+                if args.ledger else ()
+            got = launch(d2, Path(tmp, f"resume-d{d2}"), "--resume", str(first / "state.json"),
+                         *ledger)
             for t, d in got.items():
                 table[int(t)][f"D={d2} (resumed)"] = d
     return table

@@ -11,30 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from zephon_core import Execution, Loader, batch_digest, load_recipe
-
-
-def _gather_global(batch: dict) -> dict | None:
-    """Concatenate the ranks' local batches along dim 0 (0-d tensors are shared ids)."""
-    world = dist.get_world_size()
-    out = {}
-    for name in sorted(batch):
-        t = batch[name]
-        if t.dim() == 0:
-            out[name] = t
-            continue
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(sizes, torch.tensor([t.shape[0]]))
-        longest = int(max(s.item() for s in sizes))
-        padded = torch.zeros((longest, *t.shape[1:]), dtype=t.dtype)
-        padded[:t.shape[0]] = t
-        parts = [torch.zeros_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded)
-        out[name] = torch.cat([p[:int(n.item())] for p, n in zip(parts, sizes, strict=True)])
-    return out if dist.get_rank() == 0 else None
+from zephon_core import Execution, Loader, gathered_batch_digest, load_recipe
 
 
 def main() -> None:
@@ -45,11 +24,12 @@ def main() -> None:
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--out", required=True)
+    p.add_argument("--ledger", default=None)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     recipe = load_recipe(args.recipe, num_lanes=args.lanes)
-    loader = Loader(recipe, rank, world, Execution(runner="inline"))
+    loader = Loader(recipe, rank, world, Execution(runner="inline"), ledger=args.ledger)
     start = 0
     if args.resume:
         state = json.loads(Path(args.resume).read_text())
@@ -57,9 +37,9 @@ def main() -> None:
         start = state["step"]
     digests = {}
     for t in range(start, args.steps):
-        merged = _gather_global(next(loader))
-        if merged is not None:
-            digests[t] = batch_digest(merged)
+        digest = gathered_batch_digest(next(loader))
+        if digest is not None:
+            digests[t] = digest
         if args.save_at is not None and t + 1 == args.save_at:
             state = loader.state_dict()
             blobs = [None] * world

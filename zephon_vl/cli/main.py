@@ -77,6 +77,8 @@ def _digest_args(p: argparse.ArgumentParser) -> None:
                    help="restore the checkpoint on these rank counts (comma-separated)")
     p.add_argument("--state-out", default=None, help="also write the checkpoint JSON here")
     p.add_argument("--explain", action="store_true", help="print the plan to stderr first")
+    p.add_argument("--ledger", default=None, metavar="PATH",
+                   help="write the per-step ledger here (resumes: PATH.resumed-dN.jsonl)")
     add_execution_args(p)
 
 
@@ -96,7 +98,8 @@ def cmd_digest(args: argparse.Namespace) -> int:
             with open(args.state_out, "w") as f:
                 f.write(state)
 
-    for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state):
+    for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state,
+                           args.ledger):
         print(json.dumps(rec.to_json()), flush=True)
     return 0
 

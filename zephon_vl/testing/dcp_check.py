@@ -8,7 +8,7 @@
 Every rank builds ``ZephonDataLoader`` through its TorchTitan ``Config`` with
 the arguments TorchTitan's trainer passes, iterates its micro-batches, and the
 global batch of each step (every rank's micro-batches, gathered in rank
-order) is hashed with ``zephon_core.common.digest.batch_digest``. With ``--save-at
+order) is hashed with ``zephon_core.engine.simulate.gathered_batch_digest``. With ``--save-at
 K`` the dataloader is saved through ``torch.distributed.checkpoint`` after
 step ``K-1`` under the top-level key ``dataloader``, as TorchTitan's
 checkpointer does; with ``--resume`` it is loaded from such a checkpoint and
@@ -27,19 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from zephon_core import Execution, batch_digest
+from zephon_core import Execution, gathered_batch_digest
 from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader
-
-TEXT_KEYS = ("input", "labels", "positions")
-
-
-def _gather_rows(local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for k in TEXT_KEYS:
-        parts = [torch.empty_like(local[k]) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local[k].contiguous())
-        out[k] = torch.cat(parts)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,11 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--runner", default=Execution.runner)
+    p.add_argument("--ledger", default="", help="the dataloader's ledger file (Config.ledger)")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = ZephonDataLoader.Config(recipe=args.recipe, num_lanes=args.lanes,
-                                  global_batch_size=args.global_batch, runner=args.runner)
+                                  global_batch_size=args.global_batch, runner=args.runner,
+                                  ledger=args.ledger)
     dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=args.seq_len,
                    local_batch_size=args.local_batch, snapshot_every_n_steps=None)
     out = Path(args.out)
@@ -74,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         local = {"input": torch.cat([x["input"] for x, _ in micro]),
                  "positions": torch.cat([x["positions"] for x, _ in micro]),
                  "labels": torch.cat([y for _, y in micro])}
-        digests[t] = batch_digest(_gather_rows(local))
+        digest = gathered_batch_digest(local)
+        if digest is not None:
+            digests[t] = digest
         if args.save_at is not None and t + 1 == args.save_at:
             sd = dl.state_dict()
             mine = hashlib.sha256(sd[STATE_KEY].encode()).hexdigest()

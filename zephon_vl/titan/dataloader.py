@@ -161,6 +161,10 @@ class ZephonDataLoader(BaseDataLoader):
         verify_state: bool = True
         """Compare the state's SHA-256 across ranks at every save (one small all_gather)."""
 
+        ledger: str = ""
+        """A ledger file (one JSON line per step, written by rank 0; see docs/torchtitan.md),
+        e.g. beside the checkpoints; compare two runs with ``zephon-vl verify``. Empty: off."""
+
     def __init__(self, config: Config, *, dp_world_size: int = 1, dp_rank: int = 0,
                  tokenizer: Any = None, seq_len: int, local_batch_size: int,
                  **kwargs: Any) -> None:
@@ -212,7 +216,8 @@ class ZephonDataLoader(BaseDataLoader):
                                    group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
-                             microbatches=self.microbatches, background=config.background)
+                             microbatches=self.microbatches, background=config.background,
+                             ledger=config.ledger or None)
         self._pending: list[dict[str, Any]] = []
         self._warned_no_vision = False
         log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
@@ -305,9 +310,9 @@ def verify_identical(blob: str) -> None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    from zephon_core.engine.checkpoint import _gloo_group
+    from zephon_core.engine.checkpoint import gloo_group
 
-    group = _gloo_group()
+    group = gloo_group()
     mine = torch.frombuffer(bytearray(hashlib.sha256(blob.encode()).digest()),
                             dtype=torch.uint8).clone()
     every = [torch.zeros(32, dtype=torch.uint8) for _ in range(dist.get_world_size(group))]

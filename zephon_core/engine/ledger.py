@@ -1,0 +1,398 @@
+"""The per-step ledger: what every global batch was made of, one JSON line per step.
+
+A ledger is proof in the user's own run: two runs (any `D`, runner, worker
+count, resumes) that saw the same batches have the same lines, and `compare`
+names the first step, lane, row and sample where they did not (`compare_ledgers`).
+
+File format (JSON Lines, UTF-8). A *header* line starts every run and every
+resume of a run::
+
+    {"zephon_ledger": 1, "start": K, "sample_digest": "xxh3_64", "fingerprint": {...},
+     "fingerprint_sha256": "..."}
+
+then one *step* line per global step::
+
+    {"step": t, "digest": sha256, "lanes": {lane: sha256}, "rows": [...], "drops": [...]}
+
+``rows`` holds the global batch's rows in order (lane order, ``r`` rows per
+lane), each ``{"lane", "samples": [{"dataset", "shard", "index", "epoch",
+"seq", "key"?, "span": [start, end], "digest": {field: hex16}}]}``; a sample's
+digest is `zephon_core.common.digest.sample_digest` of its payload, computed
+by the worker that made it. ``drops`` are the drops reported at that step,
+``{"lane", "dataset", "shard", "index", "epoch", "seq", "reason"}``.
+
+A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON);
+the step digest is the SHA-256 of ``"lane:digest\\n"`` over the lanes in
+lane order. Neither depends on `D`: it is a digest of *what went in* (sample
+identities and payload digests), a sibling of the batch digest
+(`batch_digest`, the bytes of the collated tensors), which a ledger does not
+need the tensors to compute.
+
+Resume: the writer appends a new header with ``start`` = the checkpoint's
+step; a reader keeps, for every step, the line written after the latest
+header whose ``start`` is at or before it. Lines a crashed run wrote past its
+last checkpoint are therefore superseded, not deleted. A last line cut short
+by a crash is ignored with a warning (and trimmed by the next writer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zephon_core.common.digest import SAMPLE_DIGEST
+from zephon_core.engine.checkpoint import fingerprint_digest, first_difference, short_json
+from zephon_core.errors import ZephonError
+from zephon_core.ops.contract import Row
+from zephon_core.records import Origin
+
+log = logging.getLogger(__name__)
+
+LEDGER_FORMAT = 1
+_ORIGIN = ("seq", "dataset", "shard", "index", "epoch")
+
+
+class LedgerError(ZephonError):
+    """A ledger that cannot be read, or two ledgers that cannot be compared."""
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def _origin(o: Origin) -> dict[str, int]:
+    return dict(zip(_ORIGIN, (int(v) for v in o), strict=True))
+
+
+def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
+                 keys: Any = None) -> dict[int, dict]:
+    """Per lane: its rows' samples and drops at one step, and their digest.
+
+    `rows` are one rank's rows of the step in lane order (`rows_per_lane` per
+    lane of `lanes`). `keys(dataset, shard, index)` names a sample when the
+    dataset's reader has keys (a WebDataset's ``__key__``), else None.
+    """
+    out: dict[int, dict] = {}
+    for k, lane in enumerate(lanes):
+        mine = rows[k * rows_per_lane:(k + 1) * rows_per_lane]
+        lane_rows = []
+        for row in mine:
+            digests = row.digests or [{}] * len(row.segments)
+            samples = []
+            for s, d in zip(row.segments, digests, strict=True):
+                sample: dict[str, Any] = _origin(s.origin)
+                key = keys(s.origin.dataset, s.origin.shard, s.origin.index) if keys else None
+                if key is not None:
+                    sample["key"] = key
+                sample["span"] = [s.start, s.end]
+                sample["digest"] = d
+                samples.append(sample)
+            lane_rows.append(samples)
+        drops = [{**_origin(o), "reason": reason} for row in mine for o, reason in row.drops]
+        out[lane] = {"rows": lane_rows, "drops": drops,
+                     "digest": _sha({"rows": lane_rows, "drops": drops})}
+    return out
+
+
+def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
+    """The ledger line of a global step from every lane's entry (any rank's, merged)."""
+    order = sorted(entries)
+    digest = hashlib.sha256("".join(f"{lane}:{entries[lane]['digest']}\n"
+                                    for lane in order).encode()).hexdigest()
+    return {
+        "step": step,
+        "digest": digest,
+        "lanes": {str(lane): entries[lane]["digest"] for lane in order},
+        "rows": [{"lane": lane, "samples": samples}
+                 for lane in order for samples in entries[lane]["rows"]],
+        "drops": [{"lane": lane, **d} for lane in order for d in entries[lane]["drops"]],
+    }
+
+
+def reader_keys(recipe: Any) -> Any:
+    """`keys(dataset, shard, index)` for `lane_entries`: the reader's sample key, if it has one."""
+    getters = [getattr(d.reader, "key", None) for d in recipe.datasets]
+    if not any(getters):
+        return None
+
+    def keys(dataset: int, shard: int, index: int) -> str | None:
+        get = getters[dataset]
+        return str(get(shard, index)) if get is not None else None
+    return keys
+
+
+class LedgerWriter:
+    """Appends ledger lines to one file: a header when a run (or resume) starts, then steps.
+
+    Each line goes out in one ``write`` on an ``O_APPEND`` descriptor, so a
+    crash leaves at most one cut line at the end; the next writer trims it.
+    """
+
+    def __init__(self, path: str | os.PathLike, fingerprint: dict) -> None:
+        self.path = Path(path)
+        self.fingerprint = fingerprint
+        self._fd: int | None = None
+
+    def _open(self, start: int) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        size = os.fstat(fd).st_size
+        if size:
+            tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n")
+                keep = size - len(tail) + cut + 1
+                log.warning("ledger %s: its last line was cut short (a crash while writing); "
+                            "removing the %d partial bytes", self.path, size - keep)
+                os.ftruncate(fd, keep)
+        header = {"zephon_ledger": LEDGER_FORMAT, "start": start,
+                  "sample_digest": SAMPLE_DIGEST, "fingerprint": self.fingerprint,
+                  "fingerprint_sha256": fingerprint_digest(self.fingerprint)}
+        os.write(fd, (json.dumps(header, sort_keys=True) + "\n").encode())
+        return fd
+
+    def write(self, entry: dict) -> None:
+        """Append one step line; the first one after opening starts with a header."""
+        if self._fd is None:
+            self._fd = self._open(int(entry["step"]))
+        os.write(self._fd, (json.dumps(entry, sort_keys=True, separators=(",", ":"))
+                            + "\n").encode())
+
+    def restart(self) -> None:
+        """A checkpoint was loaded: the next step line starts a new header (a resume)."""
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class RankLedger:
+    """The ledger of one rank's `Loader`: its lanes' entries, merged over every rank.
+
+    With torch.distributed initialized on several ranks, each step's lane
+    entries are all-gathered (JSON over gloo) and rank 0 alone writes, so the
+    file is the same whatever `D`.
+    """
+
+    def __init__(self, path: str | os.PathLike, fingerprint: dict, gather: bool = True) -> None:
+        self.distributed = False
+        rank = 0
+        if gather:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self.distributed = True
+                rank = dist.get_rank()
+        self.writer = LedgerWriter(path, fingerprint) if rank == 0 else None
+
+    def record(self, step: int, entries: dict[int, dict]) -> None:
+        if self.distributed:
+            from zephon_core.engine.checkpoint import all_gather_json
+
+            merged = {int(k): v for part in all_gather_json({str(k): v for k, v in
+                                                             entries.items()})
+                      for k, v in part.items()}
+        else:
+            merged = entries
+        if self.writer is not None:
+            self.writer.write(step_entry(step, merged))
+
+    def restart(self) -> None:
+        if self.writer is not None:
+            self.writer.restart()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass
+class Ledger:
+    """A ledger file as read: its fingerprint and, per step, the line that counts."""
+
+    path: str
+    fingerprint: dict
+    sample_digest: str = SAMPLE_DIGEST
+    steps: dict[int, dict] = field(default_factory=dict)
+    resumes: list[int] = field(default_factory=list)
+
+
+def read_ledger(path: str | os.PathLike) -> Ledger:
+    """Read a ledger; later headers supersede earlier lines from their ``start`` on."""
+    where = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise LedgerError(f"cannot read ledger {where}: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    cut = len(lines)  # the number of a last line without its newline: a crash cut it
+    if lines[-1] == b"":
+        lines.pop()
+        cut = 0
+    ledger: Ledger | None = None
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+            if not isinstance(line, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            if n == cut:
+                log.warning("ledger %s: ignoring its last line %d, cut short (a crash while "
+                            "writing?)", where, n)
+                break
+            raise LedgerError(f"ledger {where}, line {n} is not a ledger line ({exc}); the "
+                              "file is damaged") from None
+        if "zephon_ledger" in line:
+            fp = line.get("fingerprint")
+            if line["zephon_ledger"] != LEDGER_FORMAT or not isinstance(fp, dict):
+                raise LedgerError(f"ledger {where}, line {n}: format {line['zephon_ledger']!r} "
+                                  f"is not this zephon's ({LEDGER_FORMAT})")
+            if ledger is None:
+                ledger = Ledger(where, fp, str(line.get("sample_digest")))
+            else:
+                _same_recipe(ledger.fingerprint, fp, f"{where} (line 1)", f"{where} (line {n})")
+            start = int(line.get("start", 0))
+            ledger.steps = {t: e for t, e in ledger.steps.items() if t < start}
+            ledger.resumes.append(start)
+            continue
+        if ledger is None:
+            raise LedgerError(f"{where} is not a zephon ledger: line {n} comes before any "
+                              "header line (write ledgers with --ledger or Loader(ledger=))")
+        if not isinstance(line.get("step"), int) or "digest" not in line:
+            raise LedgerError(f"ledger {where}, line {n}: a step line needs 'step' and 'digest'")
+        ledger.steps[line["step"]] = line
+    if ledger is None:
+        raise LedgerError(f"{where} is not a zephon ledger (no header line); write one with "
+                          "--ledger or Loader(ledger=)")
+    return ledger
+
+
+def _same_recipe(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    diff = first_difference(a, b, "fingerprint")
+    if diff:
+        path, x, y = diff
+        raise LedgerError(f"the ledgers come from different recipes: {path} is {short_json(x)} "
+                          f"in {name_a} but {short_json(y)} in {name_b}; compare runs of the "
+                          "same recipe")
+
+
+@dataclass
+class Divergence:
+    """Where two ledgers first disagree, and how."""
+
+    step: int
+    lane: int | None
+    row: int | None
+    sample: int | None
+    what: str
+
+    def describe(self) -> str:
+        where = [f"step {self.step}"]
+        if self.lane is not None:
+            where.append(f"lane {self.lane}")
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.sample is not None:
+            where.append(f"sample {self.sample}")
+        return f"first divergence at {', '.join(where)}: {self.what}"
+
+
+@dataclass
+class Comparison:
+    common: list[int]
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def compare_ledgers(a: Ledger, b: Ledger) -> Comparison:
+    """Compare the steps both ledgers hold; the first divergence, named, or None."""
+    if a.sample_digest != b.sample_digest:
+        raise LedgerError(f"the ledgers hash samples differently: sample_digest is "
+                          f"{a.sample_digest!r} in {a.path} but {b.sample_digest!r} in {b.path}; "
+                          "write both with the same zephon version")
+    _same_recipe(a.fingerprint, b.fingerprint, a.path, b.path)
+    common = sorted(set(a.steps) & set(b.steps))
+    for t in common:
+        if a.steps[t]["digest"] != b.steps[t]["digest"]:
+            return Comparison(common, _divergence(t, a.steps[t], b.steps[t]))
+    return Comparison(common, None)
+
+
+def compare_entries(a: Iterable[dict], b: Mapping[int, dict]) -> Divergence | None:
+    """The first of `a`'s step lines that disagrees with `b`'s line of that step."""
+    for entry in a:
+        theirs = b.get(entry["step"])
+        if theirs is not None and theirs["digest"] != entry["digest"]:
+            return _divergence(entry["step"], entry, theirs)
+    return None
+
+
+def _name(s: dict) -> str:
+    key = f" key {s['key']!r}" if "key" in s else ""
+    return (f"dataset {s.get('dataset')} shard {s.get('shard')} index {s.get('index')} "
+            f"(epoch {s.get('epoch')}){key}")
+
+
+def _drop_name(d: dict) -> str:
+    return f"{_name(d)} dropped as {d.get('reason')!r}"
+
+
+def _divergence(t: int, a: dict, b: dict) -> Divergence:
+    lanes = sorted(set(a.get("lanes", {})) | set(b.get("lanes", {})), key=int)
+    lane = next((int(k) for k in lanes if a["lanes"].get(k) != b["lanes"].get(k)), None)
+    if lane is None:
+        return Divergence(t, None, None, None, "the step digests differ but every lane digest "
+                          "agrees (an edited ledger?)")
+    rows_a = [r["samples"] for r in a["rows"] if r["lane"] == lane]
+    rows_b = [r["samples"] for r in b["rows"] if r["lane"] == lane]
+    first_row = next(i for i, r in enumerate(a["rows"]) if r["lane"] == lane) \
+        if rows_a else None
+    for i, (ra, rb) in enumerate(zip(rows_a, rows_b, strict=False)):
+        row = (first_row or 0) + i
+        for j in range(max(len(ra), len(rb))):
+            if j >= len(ra) or j >= len(rb):
+                extra = (rb if j >= len(ra) else ra)[j]
+                side = "B" if j >= len(ra) else "A"
+                return Divergence(t, lane, row, j, f"only {side} has a sample here: "
+                                  f"{_name(extra)}")
+            sa, sb = ra[j], rb[j]
+            ida = {k: sa.get(k) for k in (*_ORIGIN, "key")}
+            idb = {k: sb.get(k) for k in (*_ORIGIN, "key")}
+            if ida != idb:
+                return Divergence(t, lane, row, j, f"different sample: A has {_name(sa)}, "
+                                  f"B has {_name(sb)}")
+            if sa.get("span") != sb.get("span"):
+                return Divergence(t, lane, row, j, f"same sample {_name(sa)}, different tokens "
+                                  f"taken: span {sa.get('span')} in A, {sb.get('span')} in B")
+            if sa.get("digest") != sb.get("digest"):
+                da, db = sa.get("digest") or {}, sb.get("digest") or {}
+                fields = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
+                return Divergence(t, lane, row, j, f"same sample {_name(sa)}, different "
+                                  f"content: field(s) {', '.join(fields)} differ")
+    if len(rows_a) != len(rows_b):
+        return Divergence(t, lane, None, None, f"A has {len(rows_a)} rows in this lane, "
+                          f"B has {len(rows_b)}")
+    drops_a = [d for d in a.get("drops", []) if d["lane"] == lane]
+    drops_b = [d for d in b.get("drops", []) if d["lane"] == lane]
+    only_a = [d for d in drops_a if d not in drops_b]
+    only_b = [d for d in drops_b if d not in drops_a]
+    if only_a or only_b:
+        side, d = ("A", only_a[0]) if only_a else ("B", only_b[0])
+        return Divergence(t, lane, None, None, f"a drop on one side only: in {side}, "
+                          f"{_drop_name(d)}")
+    return Divergence(t, lane, None, None, "the lane digests differ but its rows and drops "
+                      "agree (an edited ledger?)")
