@@ -1,3 +1,3 @@
 """Sub-commands that live outside cli.py; importing registers them."""
 
-from zephon_vl.cli import bench, demo, elastic, shards  # noqa: F401
+from zephon_vl.cli import balance, bench, demo, elastic, shards  # noqa: F401
