@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "Transform": "zephon_core.ops.contract",
     "IGNORE_INDEX": "zephon_core.ops.pack",
     "Pack": "zephon_core.ops.pack",
+    "RowFiller": "zephon_core.ops.pack",
     "Row": "zephon_core.ops.contract",
     "Segment": "zephon_core.ops.contract",
     "Shuffle": "zephon_core.ops.shuffle",

@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "to_device": "zephon_vl.ops.device",
     # recipes and demo data
     "vlm_demo": "zephon_vl.recipes",
+    "vlm_mix_demo": "zephon_vl.recipes",
+    "image_filler": "zephon_vl.ops.filler",
     "vlm_recipe": "zephon_vl.recipes",
     "DemoDataset": "zephon_vl.demo.data",
     "build_demo_dataset": "zephon_vl.demo.data",

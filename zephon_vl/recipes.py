@@ -1,8 +1,13 @@
-"""The vision-language recipe and the built-in `vlm-demo`.
+"""The vision-language recipe and the built-ins `vlm-demo` and `vlm-mix-demo`.
 
-Operators, per lane: shuffle pointers -> read tar members ->
-decode + resize + patchify (processes) -> tokenize with vision tokens
-(processes) -> pack with limits on vision tokens and images per row.
+Operators, per lane: shuffle pointers -> read tar members (or JSONL/Parquet
+records of text datasets) -> decode + resize + patchify (processes) ->
+tokenize with vision tokens (processes) -> pack with limits on vision tokens
+and images per row. A dataset's files decide its kind: ``.tar`` shards are
+WebDataset image/video data, ``.jsonl``/``.parquet`` files text (plain or
+chat), and datasets of both kinds mix by weight in one recipe. With
+``image_every_row`` (the family's default: on for ``qwen3_5``) a row without
+an image gets a small grey placeholder image (:mod:`zephon_vl.ops.filler`).
 The recipe's model family (:mod:`zephon_vl.families`) decides the special
 tokens, the placeholder layout and the collate; a ``kind = "vlm"`` recipe
 file names it with ``family = "..."`` (default ``qwen3_5``).
@@ -27,24 +32,34 @@ from zephon_core import (
     qwen_tokenizer_dir,
 )
 from zephon_core.recipes.registry import settings_from_table
+from zephon_core.recipes.text import reader_for
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
+from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 from zephon_vl.wds.index import WebDatasetReader
 from zephon_vl.wds.manifest import reader_from_manifest
 
 
 def _reader(spec: str | os.PathLike | Sequence[str | os.PathLike], index_cache: str | None,
-            retry: RetryPolicy | None) -> WebDatasetReader:
-    """Shards of one dataset: a manifest (one ``.json`` path or URL) or a list of shards."""
+            retry: RetryPolicy | None) -> Any:
+    """One dataset: a manifest (one ``.json`` path or URL), a list of ``.tar`` shards
+    (WebDataset), or a list of ``.jsonl``/``.parquet`` text files."""
     if isinstance(spec, (str, os.PathLike)):
         if not os.fspath(spec).endswith(".json"):
-            raise ConfigError(f"{os.fspath(spec)!r}: a dataset is a list of shards or one "
+            raise ConfigError(f"{os.fspath(spec)!r}: a dataset is a list of files or one "
                               "manifest (.json, from zephon-vl index)")
         return reader_from_manifest(spec, retry=retry)
-    return WebDatasetReader(list(spec), cache_dir=index_cache, retry=retry)
+    files = list(spec)
+    suffixes = {os.path.splitext(str(f))[1].lower() for f in files}
+    if suffixes == {".tar"}:
+        return WebDatasetReader(files, cache_dir=index_cache, retry=retry)
+    if ".tar" in suffixes:
+        raise ConfigError(f"a dataset mixes .tar shards with {sorted(suffixes - {'.tar'})} "
+                          "files; give the text files a dataset of their own")
+    return reader_for(files)
 
 
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str | os.PathLike]],
@@ -59,15 +74,18 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
                epochs: int | None = None, index_cache: str | None = None,
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
-               retry: RetryPolicy | Mapping[str, float] | None = None) -> Recipe:
-    """A VLM recipe over WebDataset shards for a model `family` (a registered name or object).
+               retry: RetryPolicy | Mapping[str, float] | None = None,
+               image_every_row: bool | None = None) -> Recipe:
+    """A VLM recipe over WebDataset shards and text files for a model `family`.
 
     A dataset is a list of shard paths or URLs, or one manifest (a path or URL
     ending in ``.json``, written by ``zephon-vl index``): then building the
     recipe reads that one file, and no shard. `retry` governs reads from URLs.
 
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
-    be settings or their fields as a mapping (a TOML table).
+    be settings or their fields as a mapping (a TOML table). `image_every_row`
+    (None: the family's default) appends the placeholder image to rows without
+    one (guarantee 10).
     """
     family = vision_family(family)
     retry = settings_from_table(RetryPolicy, retry, "retry") if retry is not None else None
@@ -80,6 +98,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     datasets = [Dataset(n, _reader(s, index_cache, retry), float(weights.get(n, 1.0)))
                 for n, s in named.items()]
     special = family.special_tokens(load_tokenizer(tokenizer))
+    if image_every_row is None:
+        image_every_row = family.image_every_row
     limits = {}
     if max_vision_tokens is not None:
         limits["vision_tokens"] = max_vision_tokens
@@ -93,7 +113,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                            overlong="truncate" if overlong == "truncate" else "drop",
                            on_error=on_error, family=family),
         Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
-             limits=limits, pad_id=special.pad),
+             limits=limits, pad_id=special.pad,
+             filler=image_filler(image, family, special) if image_every_row else None),
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
@@ -110,3 +131,23 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
     return vlm_recipe([str(s) for s in demo.shards], qwen_tokenizer_dir(), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, name="vlm-demo", **overrides)
+
+
+def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
+                 seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
+    """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
+
+    About half of the rows hold no image of their own, so the row filler
+    (guarantee 10) and the balanced packing mode have work to do.
+    """
+    from zephon_core.recipes.assets import text_corpus
+    from zephon_vl.demo.data import build_demo_dataset
+
+    demo = build_demo_dataset(num_samples=num_samples)
+    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
+    overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
+    return vlm_recipe({"photos": [str(s) for s in demo.shards],
+                       "text": [str(p) for p in text_corpus()]},
+                      qwen_tokenizer_dir(), seq_len=seq_len,
+                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
+                      image=image, max_images=8, name="vlm-mix-demo", **overrides)

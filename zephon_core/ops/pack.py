@@ -10,6 +10,12 @@ to the first bin it fits (``first_fit``) or the bin it fills best
 (``best_fit``); when none fits and no bin can be opened, the fullest bin is
 closed and becomes a row. Rows hold *segments* (origin, start, end) of
 documents, so the state is a list of origins and slices.
+
+A `RowFiller` makes a per-row rule of "every row has at least one unit of
+`cost`" (guarantee 10: every row carries an image): a row that closes with
+none gets the filler document appended as its own segment, and the room for
+it is kept free while the row fills. The filler is a pure function of the
+row, so it is not in the checkpoint: it is added when the row is popped.
 """
 
 from __future__ import annotations
@@ -36,8 +42,37 @@ OVERLONG = ("split", "truncate", "drop")
 IGNORE_INDEX = -100
 
 
-__all__ = ["IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "Packer", "Row", "Segment",
-           "text_row_arrays"]
+__all__ = ["FILLER_ORIGIN", "IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "Packer", "Row",
+           "RowFiller", "Segment", "text_row_arrays"]
+
+#: The origin of filler segments: no dataset, so no ledger counts it as a sample.
+FILLER_ORIGIN = Origin(-1, -1, -1, -1, -1)
+
+
+@dataclass(frozen=True)
+class RowFiller:
+    """A fixed document appended to each row whose total `cost` is 0.
+
+    `payload` is a document like any other (``tokens``, ``targets``,
+    ``costs``; its ``costs[cost]`` must be >= 1). `fingerprint` identifies its
+    content in checkpoint fingerprints (the payload may hold arrays).
+    """
+
+    cost: str
+    payload: dict
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        if int((self.payload.get("costs") or {}).get(self.cost, 0)) < 1:
+            raise ConfigError(f"a row filler for {self.cost!r} must itself have "
+                              f"costs[{self.cost!r}] >= 1")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.payload["tokens"])
+
+    def settings(self) -> dict:
+        return {"cost": self.cost, "tokens": self.num_tokens, "fingerprint": self.fingerprint}
 
 
 class Pack(CombinerOp):
@@ -45,13 +80,16 @@ class Pack(CombinerOp):
 
     def __init__(self, seq_len: int, mode: str = "best_fit", max_open_bins: int = 4,
                  overlong: str = "split", limits: dict[str, int] | None = None,
-                 pad_id: int = 0, name: str = "pack") -> None:
+                 pad_id: int = 0, name: str = "pack", filler: RowFiller | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"pack mode must be one of {MODES}, got {mode!r}")
         if overlong not in OVERLONG:
             raise ConfigError(f"pack overlong must be one of {OVERLONG}, got {overlong!r}")
         if seq_len < 2 or max_open_bins < 1:
             raise ConfigError("pack needs seq_len >= 2 and max_open_bins >= 1")
+        if filler is not None and filler.num_tokens >= seq_len:
+            raise ConfigError(f"the row filler takes {filler.num_tokens} tokens, no room left "
+                              f"in seq_len={seq_len}")
         self.seq_len = seq_len
         self.mode = mode
         self.max_open_bins = max_open_bins
@@ -59,10 +97,14 @@ class Pack(CombinerOp):
         self.limits = dict(limits or {})
         self.pad_id = pad_id
         self.name = name
+        self.filler = filler
 
     def settings(self) -> dict:
-        return {"seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
-                "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id}
+        out = {"seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
+               "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id}
+        if self.filler is not None:
+            out["filler"] = self.filler.settings()
+        return out
 
     def check_state(self, state: Any, checks: StateChecks) -> None:
         super().check_state(state, checks)
@@ -125,8 +167,29 @@ class Packer(Combiner):
     def _limit(self, key: str) -> int:
         return self.op.seq_len if key == "tokens" else self.op.limits.get(key, 1 << 62)
 
+    def _reserve(self, used: dict[str, int]) -> int:
+        """Tokens a row with `used` must keep free for the filler."""
+        filler = self.op.filler
+        if filler is not None and used.get(filler.cost, 0) == 0:
+            return filler.num_tokens
+        return 0
+
+    def _after(self, b: _Bin, costs: dict[str, int]) -> dict[str, int]:
+        keys = set(b.used) | set(costs)
+        return {k: b.used.get(k, 0) + costs.get(k, 0) for k in keys}
+
     def _fits(self, b: _Bin, costs: dict[str, int]) -> bool:
-        return all(b.used.get(k, 0) + v <= self._limit(k) for k, v in costs.items())
+        after = self._after(b, costs)
+        if not all(after[k] <= self._limit(k) for k in costs):
+            return False
+        return after["tokens"] + self._reserve(after) <= self.op.seq_len
+
+    def _room(self, costs: dict[str, int]) -> int:
+        """The most tokens a document with `costs` may take in an empty row."""
+        filler = self.op.filler
+        if filler is not None and costs.get(filler.cost, 0) == 0:
+            return self.op.seq_len - filler.num_tokens
+        return self.op.seq_len
 
     def push(self, origin: Origin, payload: dict) -> Dropped | None:
         """Absorb one document; returns a `Dropped` when the document cannot be packed."""
@@ -139,16 +202,19 @@ class Packer(Combiner):
         if over:
             return Dropped(f"over_limit:{over[0]}", f"{costs[over[0]]} > {self._limit(over[0])}")
         start = 0
-        if n > S:
+        room = self._room(costs)
+        if n > room:
             if self.op.overlong == "drop" or len(costs) > 1:
-                return Dropped("over_length", f"{n} tokens > seq_len {S}")
+                why = "" if room == S else (f" minus {S - room} for the row filler "
+                                            "(a document without an image)")
+                return Dropped("over_length", f"{n} tokens > seq_len {S}{why}")
             if self.op.overlong == "truncate":
                 self.truncated += 1
-                self.ready.append([Segment(origin, payload, 0, S)])
+                self.ready.append([Segment(origin, payload, 0, room)])
                 return None
-            while n - start > S:
-                self.ready.append([Segment(origin, payload, start, start + S)])
-                start += S
+            while n - start > room:
+                self.ready.append([Segment(origin, payload, start, start + room)])
+                start += room
             costs = {"tokens": n - start}
         self._place(Segment(origin, payload, start, n), costs)
         return None
@@ -159,8 +225,11 @@ class Packer(Combiner):
             if self.op.mode == "first_fit":
                 i = candidates[0]
             else:
-                i = min(candidates, key=lambda j: (self.op.seq_len - self.bins[j].tokens()
-                                                   - costs["tokens"], j))
+                def slack(j: int) -> int:
+                    after = self._after(self.bins[j], costs)
+                    return self.op.seq_len - after["tokens"] - self._reserve(after)
+
+                i = min(candidates, key=lambda j: (slack(j), j))
         else:
             if len(self.bins) >= self.op.max_open_bins:
                 fullest = max(range(len(self.bins)), key=lambda j: (self.bins[j].tokens(), -j))
@@ -171,7 +240,7 @@ class Packer(Combiner):
         b.segments.append(seg)
         for k, v in costs.items():
             b.used[k] = b.used.get(k, 0) + v
-        if b.tokens() == self.op.seq_len:
+        if b.tokens() + self._reserve(b.used) >= self.op.seq_len:
             self.ready.append(self.bins.pop(i).segments)
 
     def flush(self) -> None:
@@ -180,7 +249,14 @@ class Packer(Combiner):
 
     def pop_row(self) -> Row | None:
         """The oldest closed bin as a row (bins close when full, evicted, or flushed)."""
-        return Row(self.ready.popleft()) if self.ready else None
+        if not self.ready:
+            return None
+        segments = self.ready.popleft()
+        filler = self.op.filler
+        if filler is not None and not any(
+                int((s.payload.get("costs") or {}).get(filler.cost, 0)) for s in segments):
+            segments = [*segments, Segment(FILLER_ORIGIN, filler.payload, 0, filler.num_tokens)]
+        return Row(segments)
 
     # --- checkpoint -------------------------------------------------------
     def state(self) -> dict:

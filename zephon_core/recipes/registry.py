@@ -52,6 +52,7 @@ FactoryRef = RecipeFactory | str
 _RECIPES: dict[str, FactoryRef] = {
     "text-demo": "zephon_core.recipes.text:text_demo",
     "vlm-demo": "zephon_vl.recipes:vlm_demo",
+    "vlm-mix-demo": "zephon_vl.recipes:vlm_mix_demo",
 }
 _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",

@@ -1,3 +1,13 @@
 """The command modules, listed once: importing this module registers every `zephon-vl` command."""
 
-from zephon_vl.cli import bench, demo, elastic, index, inspect, replay, shards, verify  # noqa: F401
+from zephon_vl.cli import (  # noqa: F401
+    balance,
+    bench,
+    demo,
+    elastic,
+    index,
+    inspect,
+    replay,
+    shards,
+    verify,
+)

@@ -81,6 +81,10 @@ class VisionFamily(ModelFamily):
     """A vision-language family: the tokens and layout its VLM recipes are built from."""
 
     vision = True
+    #: Every row must carry an image (guarantee 10): the default of a recipe's
+    #: ``image_every_row``. True where the models train with FSDP/ZeRO-3 and a
+    #: rank without an image would skip the vision encoder's collectives.
+    image_every_row: bool = False
 
     @abstractmethod
     def special_tokens(self, tokenizer: Any) -> SpecialTokens:

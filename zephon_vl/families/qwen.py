@@ -103,6 +103,7 @@ class QwenVL(VisionFamily):
     """Qwen2-VL's data conventions; TorchTitan's ``qwen3_5`` forward arguments."""
 
     name = "qwen3_5"
+    image_every_row = True
 
     def special_tokens(self, tokenizer: Any) -> QwenTokens:
         return QwenTokens.from_tokenizer(tokenizer)

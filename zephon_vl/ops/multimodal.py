@@ -1,7 +1,9 @@
 """Vision-language transforms: decode images/videos, and tokenize text with vision tokens.
 
 `DecodeVision` turns a WebDataset sample (member bytes) into a *document*:
-its kind, its text parts and its images as patch rows. `TokenizeMultimodal`
+its kind, its text parts and its images as patch rows. A record of a text
+dataset (JSONL/Parquet, no ``__key__``) passes through as a document with no
+vision items, so one recipe mixes text-only and image/video datasets. `TokenizeMultimodal`
 turns the document into tokens where each image becomes its model family's
 placeholder run (for Qwen, ``<|vision_start|> + N x <|image_pad|> +
 <|vision_end|>``, `N` being exactly that image's number of merged patches;
@@ -86,6 +88,29 @@ def _turn(turn: Any, where: str) -> dict:
     return {"role": role, "content": pieces}
 
 
+def text_document(record: Any) -> dict:
+    """A JSONL/Parquet record of a text dataset -> a document without vision items.
+
+    ``{"text": str}`` is plain text (all of it a target), ``{"conversations":
+    [...]}`` or ``{"messages": [...]}`` a chat (assistant turns are targets);
+    an ``<image>`` in a text record has no image to stand for and is refused
+    when the document is tokenized.
+    """
+    if not isinstance(record, dict):
+        raise BadSampleError("bad_json", "text record", f"a {type(record).__name__}, "
+                             "not an object with 'text' or 'conversations'")
+    where = f"text record {str(record.get('id', '?'))[:40]}"
+    turns = record.get("conversations", record.get("messages"))
+    if isinstance(turns, list):
+        return {"kind": "conversation", "turns": [_turn(t, where) for t in turns],
+                "vision": [], "video": []}
+    text = record.get("text")
+    if not isinstance(text, str) or not text:
+        raise BadSampleError("missing_text", where, "a text record needs a non-empty 'text' "
+                             "string or a 'conversations'/'messages' list")
+    return {"kind": "text", "text": text, "vision": [], "video": []}
+
+
 class DecodeVision(Transform):
     """WebDataset sample -> document dict with decoded vision inputs (heavy: processes)."""
 
@@ -108,6 +133,8 @@ class DecodeVision(Transform):
         return [self.decode(e.payload) for e in elements]
 
     def decode(self, sample: dict) -> dict:
+        if "__key__" not in sample:
+            return text_document(sample)
         where = _where(sample)
         base = {"key": sample.get("__key__"), "shard": sample.get("__shard__")}
         indexed = sorted((int(m.group(1)), k) for k in sample
@@ -198,6 +225,8 @@ class TokenizeMultimodal(TokenizerTransform):
         kind = doc["kind"]
         if kind == "caption":
             return [("vision", 0, False), ("text", self._text(doc["text"]), True)]
+        if kind == "text":
+            return [("text", self._text(doc["text"]), True)]
         if kind == "interleaved":
             out, k = [], 0
             for part in doc["parts"]:
