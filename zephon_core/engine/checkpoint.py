@@ -48,26 +48,38 @@ def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: 
 
 
 def first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
-    """The first path (dotted, with [i] for list items) where JSON values `a` and `b` differ."""
+    """The first path (dotted, with [i] for list items) where JSON values `a` and `b` differ.
+
+    List items that carry a ``name`` (a dataset, a shard) are named after the path,
+    so a refusal says which shard changed, not only its position.
+    """
+    found = _difference(a, b, path, ())
+    if found is None:
+        return None
+    where, names, theirs, ours = found
+    return (f"{where} ({' / '.join(names)})" if names else where, theirs, ours)
+
+
+def _difference(a: Any, b: Any, path: str,
+                names: tuple[str, ...]) -> tuple[str, tuple[str, ...], Any, Any] | None:
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
             if k not in a or k not in b:
-                return (f"{path}.{k}", a.get(k, "<missing>"), b.get(k, "<missing>"))
-            found = first_difference(a[k], b[k], f"{path}.{k}")
+                return (f"{path}.{k}", names, a.get(k, "<missing>"), b.get(k, "<missing>"))
+            found = _difference(a[k], b[k], f"{path}.{k}", names)
             if found:
                 return found
         return None
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
-            return (f"{path} (length)", len(a), len(b))
+            return (f"{path} (length)", names, len(a), len(b))
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            named = f" ({x['name']})" if isinstance(x, dict) and isinstance(x.get("name"), str) \
-                else ""  # e.g. which shard changed, not only its position
-            found = first_difference(x, y, f"{path}[{i}]{named}")
+            named = (x["name"],) if isinstance(x, dict) and isinstance(x.get("name"), str) else ()
+            found = _difference(x, y, f"{path}[{i}]", names + named)
             if found:
                 return found
         return None
-    return None if a == b else (path, a, b)
+    return None if a == b else (path, names, a, b)
 
 
 def short_json(v: Any) -> str:
