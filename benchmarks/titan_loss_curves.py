@@ -45,7 +45,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     from zephon_core import gathered_batch_digest
     from zephon_vl.testing.tiny_model import build_model, fold_vocab, make_optimizer, train_step
-    from zephon_vl.titan.dataloader import ZephonDataLoader
+    from zephon_vl.titan.dataloader import ZephonDataLoader, step_rows
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -71,9 +71,7 @@ def _worker(args: argparse.Namespace) -> int:
     for t in range(start, args.steps):
         t0 = time.perf_counter()
         micro = [next(it) for _ in range(dl.microbatches)]
-        rows = {k: torch.cat([x[k] for x, _ in micro]) for k in ("input", "positions")}
-        rows["labels"] = torch.cat([y for _, y in micro])
-        digest = gathered_batch_digest(rows)
+        digest = gathered_batch_digest(step_rows(micro))
         if vocab:
             micro = fold_vocab(micro, vocab)
         loss = train_step(model, opt, micro, torch.device("cpu"))

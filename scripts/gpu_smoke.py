@@ -43,20 +43,12 @@ def _loaders(args: argparse.Namespace, dp: int) -> list:
 
 
 def _global_step(loaders: list, iters: list) -> tuple[list, str]:
-    import torch
-
     from zephon_core import batch_digest
+    from zephon_vl.titan.dataloader import step_rows
 
     micro = [next(it) for it, dl in zip(iters, loaders, strict=True)
              for _ in range(dl.microbatches)]
-    rows = {"input": torch.cat([x["input"] for x, _ in micro]),
-            "positions": torch.cat([x["positions"] for x, _ in micro]),
-            "labels": torch.cat([y for _, y in micro])}
-    for k in ("pixel_values", "grid_thw"):
-        if any(k in x for x, _ in micro):
-            rows[k] = torch.cat([x[k].flatten(0, -2) if k == "pixel_values" else x[k]
-                                 for x, _ in micro if k in x])
-    return micro, batch_digest(rows)
+    return micro, batch_digest(step_rows(micro))
 
 
 def _run(args: argparse.Namespace, dp: int, steps: range, device, ckpt: Path,

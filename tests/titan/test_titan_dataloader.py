@@ -17,7 +17,7 @@ from zephon_core import (  # noqa: E402
     batch_digest,  # noqa: E402
     parse_workers,  # noqa: E402
 )
-from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
+from zephon_vl.titan.dataloader import ZephonDataLoader, step_rows  # noqa: E402
 
 # exactly the keyword arguments Trainer.__init__ passes to config.dataloader.build(...)
 TRAINER_KW = ("dp_world_size", "dp_rank", "tokenizer", "seq_len", "local_batch_size",
@@ -83,9 +83,7 @@ def test_global_batch_is_the_same_for_every_dp():
         for _ in range(steps):
             rows = [next(it) for it, dl in zip(its, loaders, strict=True)
                     for _ in range(dl.microbatches)]
-            out.append(batch_digest({"input": torch.cat([x["input"] for x, _ in rows]),
-                                     "positions": torch.cat([x["positions"] for x, _ in rows]),
-                                     "labels": torch.cat([y for _, y in rows])}))
+            out.append(batch_digest(step_rows(rows)))
         for dl in loaders:
             dl.close()
         return out

@@ -23,12 +23,11 @@ import hashlib
 import json
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from zephon_core import Execution, gathered_batch_digest
-from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader
+from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader, step_rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     shas: list[str] = []
     for t in range(start, args.steps):
         micro = [next(it) for _ in range(dl.microbatches)]
-        local = {"input": torch.cat([x["input"] for x, _ in micro]),
-                 "positions": torch.cat([x["positions"] for x, _ in micro]),
-                 "labels": torch.cat([y for _, y in micro])}
-        digest = gathered_batch_digest(local)
+        digest = gathered_batch_digest(step_rows(micro))
         if digest is not None:
             digests[t] = digest
         if args.save_at is not None and t + 1 == args.save_at:

@@ -325,6 +325,23 @@ def verify_identical(blob: str) -> None:
             "bug: please report it")
 
 
+def step_rows(micro: list[tuple[dict[str, Any], torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One step's micro-batches ``(input_dict, labels)`` as one dict of rows.
+
+    The form batch digests hash (`batch_digest`, `gathered_batch_digest`):
+    ``input``, ``positions``, ``labels`` stacked along the row dimension, and
+    ``pixel_values`` (patches) and ``grid_thw`` when the micro-batches carry images.
+    """
+    rows = {"input": torch.cat([x["input"] for x, _ in micro]),
+            "positions": torch.cat([x["positions"] for x, _ in micro]),
+            "labels": torch.cat([y for _, y in micro])}
+    if any("pixel_values" in x for x, _ in micro):
+        rows["pixel_values"] = torch.cat([x["pixel_values"].flatten(0, -2)
+                                          for x, _ in micro if "pixel_values" in x])
+        rows["grid_thw"] = torch.cat([x["grid_thw"] for x, _ in micro if "grid_thw" in x])
+    return rows
+
+
 def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:
     """The ``state_dict()`` of ranks simulated in one process (no torch.distributed).
 
