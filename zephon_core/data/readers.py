@@ -129,7 +129,11 @@ class ParquetReader:
     """Parquet shards, read one row group at a time (the last one is cached per shard)."""
 
     def __init__(self, paths: list[str | os.PathLike], columns: list[str] | None = None) -> None:
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("reading Parquet shards needs pyarrow: pip install "
+                              "'zephon-vl[parquet]'") from None
 
         self.paths = [Path(p) for p in paths]
         self.columns = columns
