@@ -339,3 +339,73 @@ def _long_doc(sample: dict) -> dict:
     import numpy as np
 
     return {"tokens": np.arange(sample["n"], dtype=np.int32)}
+
+
+def _slow_long_doc(sample: dict) -> dict:
+    import time
+
+    time.sleep(0.002)
+    return _long_doc(sample)
+
+
+def _all_long_recipe(fn=_long_doc):
+    from zephon_core import Dataset, InMemoryReader, Map, Pack, Read, Recipe
+
+    reader = InMemoryReader([[{"n": 50}] * 20])
+    ops = [Read([reader]), Map(fn), Pack(16, overlong="drop")]
+    return Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2)
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_a_lane_that_drops_k_samples_in_a_row_stops_saying_why(runner):
+    """Execution.stall_drops: K consecutive drops stop the lane at the same sample, with the
+    reason and the fix (seq_len), long before the draw-count backstop."""
+    from zephon_core import Loader, NoRowsError
+
+    ex = Execution(runner=runner, stall_drops=30)
+    with Loader(_all_long_recipe(), execution=ex) as loader, \
+            pytest.raises(NoRowsError) as err:
+        loader.next_rows()
+    msg = str(err.value)
+    assert "dropped every one of the last 30 samples" in msg
+    assert "30 over_length" in msg and "seq_len 16 is smaller" in msg
+    assert "stall_drops" in msg
+    assert re.search(r"last dataset 0 shard 0 index \d+", msg)
+
+
+def test_drops_between_rows_do_not_trip_stall_drops():
+    """Samples that reach rows reset the count: a lane drops far more than K in all."""
+    from zephon_core import Dataset, InMemoryReader, Loader, Map, Pack, Read, Recipe
+
+    reader = InMemoryReader([[{"n": 50}, {"n": 50}, {"n": 8}] for _ in range(40)])
+    ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]
+    recipe = Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2, epochs=1)
+    drops = 0
+    with Loader(recipe, execution=Execution(runner="inline", stall_drops=15)) as loader:
+        while (rows := loader.next_rows()) is not None:
+            drops += len(loader.last_meta.drops)
+            assert rows
+    assert drops > 2 * 15
+
+
+def test_no_row_for_stall_seconds_logs_drop_counts(caplog):
+    """Execution.stall_seconds: a lane making no row logs its drops by reason (and goes on)."""
+    import logging
+
+    from zephon_core import Loader, NoRowsError
+
+    ex = Execution(runner="inline", stall_seconds=0.05, stall_drops=None)
+    with caplog.at_level(logging.WARNING, logger="zephon_core.engine.loader"), \
+            Loader(_all_long_recipe(_slow_long_doc), execution=ex) as loader, \
+            pytest.raises(NoRowsError):  # the draw-count backstop ends it
+        loader.next_rows()
+    lines = [r.getMessage() for r in caplog.records if "no new row" in r.getMessage()]
+    assert lines, "the watchdog logged nothing"
+    assert "'over_length':" in lines[-1] and "lane 0:" in lines[-1] and "lane 1:" in lines[-1]
+
+
+def test_stall_settings_are_checked():
+    with pytest.raises(ConfigError, match="stall_seconds"):
+        Execution(stall_seconds=0)
+    with pytest.raises(ConfigError, match="stall_drops"):
+        Execution(stall_drops=0)

@@ -100,11 +100,12 @@ def test_mrope_matches_torchtitans_collator(vlm_batches):
     for batch in raw:
         special = {"image_id": int(batch["image_token_id"]),
                    "video_id": int(batch["video_token_id"])}
-        if (batch["input"] == special["video_id"]).any():
-            continue  # videos: TorchTitan splits frames, zephon uses the Qwen2-VL t index
+        split = to_qwen3_5({k: v for k, v in batch.items() if k != "labels"}, PAD,
+                           video_mode="split", with_mrope=False)
         theirs = MultiModalCollator._build_mrope_positions(
-            fake_self, batch["input"], batch["grid_thw"], None, batch["positions"],
-            image_token_id=special["image_id"], video_token_id=special["video_id"])
+            fake_self, batch["input"], split.get("grid_thw"), split.get("grid_thw_videos"),
+            batch["positions"], image_token_id=special["image_id"],
+            video_token_id=special["video_id"])
         ours = mrope_positions(batch["input"], batch["positions"], batch["grid_thw"], 2,
                                special["image_id"], special["video_id"])
         assert torch.equal(ours, theirs)
@@ -113,10 +114,11 @@ def test_mrope_matches_torchtitans_collator(vlm_batches):
 
 
 def _synthetic():
-    # row 0: text, an image of grid [1,4,4] (4 tokens), text; row 1: a video [2,4,4] (8 tokens)
-    toks = torch.tensor([[1, VS, IMG, IMG, IMG, IMG, VE, 2, 3, PAD, PAD, PAD],
-                         [VS, VID, VID, VID, VID, VID, VID, VID, VID, VE, 4, 5]])
-    pos = torch.tensor([list(range(9)) + [0, 1, 2], list(range(12))])
+    # row 0: text, an image of grid [1,4,4] (4 tokens), text; row 1: a video [2,4,4]
+    # (8 tokens in two frames of 4)
+    toks = torch.tensor([[1, VS, IMG, IMG, IMG, IMG, VE, 2, 3, PAD, PAD, PAD, PAD],
+                         [VS, VID, VID, VID, VID, VE, VS, VID, VID, VID, VID, VE, 4]])
+    pos = torch.tensor([list(range(9)) + [0, 1, 2, 3], list(range(13))])
     grid = torch.tensor([[1, 4, 4], [2, 4, 4]])
     pv = torch.arange(16 * 1536 + 32 * 1536, dtype=torch.float32).view(48, 1536)
     return {"input": toks, "positions": pos, "pixel_values": pv, "grid_thw": grid,
@@ -139,7 +141,10 @@ def test_video_modes():
     assert mp[0, 2:6].tolist() == [[2, 2, 2], [2, 2, 3], [2, 3, 2], [2, 3, 3]]
     assert mp[0, 6].tolist() == [4, 4, 4]
     assert mp[0, 9].tolist() == [0, 0, 0]  # a new document restarts
-    assert mp[1, 1:9, 0].tolist() == [1, 1, 1, 1, 2, 2, 2, 2]  # temporal index of the video
+    # each frame is positioned as an image after the tokens before it (Qwen3.5)
+    assert mp[1, 1:5].tolist() == [[1, 1, 1], [1, 1, 2], [1, 2, 1], [1, 2, 2]]
+    assert mp[1, 5:7, 0].tolist() == [3, 4]
+    assert mp[1, 7:11].tolist() == [[5, 5, 5], [5, 5, 6], [5, 6, 5], [5, 6, 6]]
 
 
 def test_qwen3_5_needs_matching_image_settings():

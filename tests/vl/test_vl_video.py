@@ -1,4 +1,4 @@
-"""A video sample through the whole VLM pipeline: video_pad tokens, temporal patches, layout.
+"""A video sample through the whole VLM pipeline: video_pad tokens per frame, temporal patches.
 
 The demo videos are 320x240 clips of 2 to 3 seconds at 8-12 fps whose caption
 states the duration; at the default 2 fps the clip gives ceil(2 * duration)
@@ -64,11 +64,15 @@ def test_video_goes_through_with_temporal_patches(video_shards, video) -> None:
         pix = batch["pixel_values"].numpy()
         starts = np.flatnonzero(inp == sp.vision_start)
         ends = np.flatnonzero(inp == sp.vision_end)
-        assert len(starts) == len(ends) == len(grid) == len(row.segments)
+        # an image is one run; a video one run per temporal patch (Qwen3.5's frames)
+        assert len(starts) == len(ends) == int(sum(g[0] for g in grid))
+        assert len(grid) == len(row.segments)
+        runs = iter(zip(starts, ends, strict=True))
         offset = 0
-        for seg, s, e, g in zip(row.segments, starts, ends, grid, strict=True):
+        for seg, g in zip(row.segments, grid, strict=True):
             key = reader.key(seg.origin.shard, seg.origin.index)
-            body = inp[s + 1:e]
+            frames = [inp[s + 1:e] for s, e in (next(runs) for _ in range(int(g[0])))]
+            body = np.concatenate(frames)
             n = int(np.prod(g))
             patches = pix[offset:offset + n].reshape(n, 3, IMAGE.temporal_patch_size, 14 * 14)
             offset += n
@@ -79,7 +83,7 @@ def test_video_goes_through_with_temporal_patches(video_shards, video) -> None:
                 continue
             found += 1
             assert (body == sp.video_pad).all(), "a video must use <|video_pad|>"
-            assert len(body) == n // MERGE ** 2
+            assert {len(f) for f in frames} == {n // int(g[0]) // MERGE ** 2}
             d = video_duration_from_caption(samples[key]["txt"].decode())
             t = min(expected_video_t(d), settings.max_frames // IMAGE.temporal_patch_size)
             assert tuple(int(x) for x in g) == (t, *GRID_HW), (key, g)

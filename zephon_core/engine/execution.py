@@ -80,6 +80,15 @@ class Execution:
     #: surfaces, naming its samples, before torch's 10-minute collective timeout kills
     #: the job with no hint
     group_timeout: float | None = 300.0
+    #: seconds without a new row (on any of the rank's lanes) before the loader logs a
+    #: warning with each lane's drop counts by reason (None: never); repeated every
+    #: `stall_seconds` while it lasts. Only a log line: it never stops the run
+    stall_seconds: float | None = 60.0
+    #: a lane that drops this many consecutive samples (none reaching a row or an open
+    #: bin in between) stops with a NoRowsError naming the reasons, e.g. seq_len smaller
+    #: than every sample (None: never). The point where it stops is a function of the
+    #: lane's data, not of timing, so every run stops at the same sample
+    stall_drops: int | None = 2000
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
@@ -87,6 +96,12 @@ class Execution:
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
         if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
+        if self.stall_seconds is not None and not self.stall_seconds > 0:
+            raise ConfigError(f"stall_seconds must be > 0 seconds or None (no log), "
+                              f"not {self.stall_seconds!r}")
+        if self.stall_drops is not None and self.stall_drops < 1:
+            raise ConfigError(f"stall_drops must be >= 1 or None (never stop), "
+                              f"not {self.stall_drops!r}")
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")

@@ -102,6 +102,9 @@ class LaneRun:
         self.finished = False
         self.draws_since_row = 0
         self.stall_limit = 4 * sum(o.total for o in source.orders) + 1024
+        #: drops since the combiner last took an element, by reason (`Execution.stall_drops`)
+        self.max_drops_in_a_row = plan.execution.stall_drops
+        self.drops_in_a_row: dict[str, int] = {}
         #: with the ledger on (`plan.digests`): sample digests made by the workers, by
         #: origin, until the element's last segment is in a row
         self.digests: dict[Origin, dict[str, str]] | None = {} if plan.digests else None
@@ -116,6 +119,30 @@ class LaneRun:
     def _record_drop(self, origin: Origin, reason: str) -> None:
         self.pending_drops.append((origin, reason))
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        run = self.drops_in_a_row
+        run[reason] = run.get(reason, 0) + 1
+        limit = self.max_drops_in_a_row
+        if limit is not None and sum(run.values()) >= limit:
+            raise NoRowsError(self._all_dropped_message(origin))
+
+    def _all_dropped_message(self, origin: Origin) -> str:
+        run = self.drops_in_a_row
+        counts = ", ".join(f"{n} {r}" for r, n in sorted(run.items(), key=lambda x: -x[1]))
+        hints = []
+        seq_len = getattr(self.plan.combiner, "seq_len", None)
+        if "over_length" in run:
+            hints.append(f"seq_len {seq_len} is smaller than these samples: raise the context "
+                         "length (TorchTitan: --training.seq_len) or truncate long documents "
+                         "(overlong='truncate')" if seq_len else
+                         "the samples are longer than a row: raise the context length")
+        other = sorted(set(run) - {"over_length"})
+        if other:
+            hints.append(f"check the data and the filters that drop {', '.join(other)} "
+                         "(`zephon-vl ledger`/the drop records name every sample)")
+        return (f"lane {self.lane} dropped every one of the last {sum(run.values())} samples "
+                f"it drew ({counts}; last {origin.where()}) and made no row from them: "
+                f"{'; '.join(hints)}. The limit is Execution.stall_drops "
+                f"({self.max_drops_in_a_row}; TorchTitan: --dataloader.stall_drops)")
 
     def _drain(self) -> bool:
         moved = False
@@ -135,7 +162,9 @@ class LaneRun:
                         self._to_stage(i + 1, origin, payload)
                 elif i == self.combiner_index:
                     refused = self.combiner.push(origin, payload)
-                    if refused is not None:
+                    if refused is None:
+                        self.drops_in_a_row = {}
+                    else:
                         self._record_drop(origin, refused.reason)
                         if self.digests is not None:
                             self.digests.pop(origin, None)

@@ -6,6 +6,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -193,7 +194,18 @@ class Loader:
             if not heads:
                 raise RuntimeError("zephon pipeline stalled with no work in flight (a bug): "
                                    f"lanes {self.lanes}, step {self._produced}")
-            wait(heads, timeout=60, return_when=FIRST_COMPLETED)
+            wait(heads, timeout=min(60.0, self.execution.stall_seconds or 60.0),
+                 return_when=FIRST_COMPLETED)
+
+    def stall_report(self, seconds: float) -> str:
+        """The watchdog's log line: how long without a row, and each lane's drops by reason."""
+        lanes = "; ".join(
+            f"lane {run.lane}: {run.draws_since_row} drawn since its last row, drops "
+            f"{dict(sorted(run.dropped.items())) or 'none'}" for run in self._runs)
+        return (f"zephon: no new row for {seconds:.0f} s on rank {self.dp_rank} (step "
+                f"{self._produced}): {lanes}. Many drops mean the data does not fit the "
+                "recipe (e.g. over_length: seq_len too small); none mean slow reads or "
+                "workers (see explain())")
 
     def _advance_lanes(self) -> _Step | None:
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
@@ -201,10 +213,19 @@ class Loader:
         ahead = self.execution.prefetch_steps
         for run in self._runs:
             run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+        stall = self.execution.stall_seconds
+        made, since = -1, 0.0
         while not (full := all(len(run.rows) >= r for run in self._runs)):
             if any(run.finished and len(run.rows) < r for run in self._runs):
                 break
             self._pump_lanes()
+            if stall is not None:
+                now, rows = time.monotonic(), sum(run.rows_emitted for run in self._runs)
+                if rows != made:
+                    made, since = rows, now
+                elif now - since >= stall:
+                    log.warning("%s", self.stall_report(now - since))
+                    since = now
         if not self._every_rank_has_a_batch(full):
             self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
             return None

@@ -81,6 +81,9 @@ class VisionFamily(ModelFamily):
     """A vision-language family: the tokens and layout its VLM recipes are built from."""
 
     vision = True
+    #: Names the placeholder layout (checkpoint settings): change it when
+    #: `placeholder` lays items out differently, so old checkpoints are refused.
+    layout: str = ""
     #: Every row must carry an image (guarantee 10): the default of a recipe's
     #: ``image_every_row``. True where the models train with FSDP/ZeRO-3 and a
     #: rank without an image would skip the vision encoder's collectives.

@@ -1,10 +1,14 @@
-"""The Qwen-VL family: Qwen2-VL's tokens and layout, converted for TorchTitan's ``qwen3_5``.
+"""The Qwen-VL family: Qwen's tokens, Qwen3.5's layout, converted for TorchTitan's ``qwen3_5``.
 
 Qwen2-VL, Qwen2.5-VL and Qwen3.5 share the data conventions this module holds:
 
 * **Placeholders.** An image is ``<|vision_start|> + N x <|image_pad|> +
-  <|vision_end|>`` (``<|video_pad|>`` for a video), ``N`` being its number of
-  merged patches (``t * h * w / merge_size**2`` of its grid).
+  <|vision_end|>``, ``N`` being its number of merged patches
+  (``h * w / merge_size**2`` of its grid). A video of grid ``(t, h, w)`` is laid
+  out as Qwen3.5 and TorchTitan's ``qwen3_5`` collator expect: one run
+  ``<|vision_start|> + (h * w / merge_size**2) x <|video_pad|> + <|vision_end|>``
+  per temporal patch (frame), and MRoPE positions each frame as an image
+  (:func:`mrope_positions`). No timestamp text is inserted between frames.
 * **Turns** are ChatML: ``<|im_start|>role\\n ... <|im_end|>\\n``.
 * **Resize** is ``smart_resize`` (:mod:`zephon_vl.media.image`, which the
   decode operators call with the recipe's ``ImageSettings``): sides are
@@ -71,6 +75,8 @@ log = logging.getLogger(__name__)
 #: Qwen3.5's vision encoder: its Conv3d patch and merger geometry, and its mean/std.
 QWEN3_5_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
 QWEN3_5_MEAN_STD = (0.5, 0.5, 0.5)
+#: TorchTitan's qwen3_5 dataloader ``min_pixels`` (``models/qwen3_5/config_registry.py``).
+QWEN3_5_MIN_PIXELS = 65536
 
 
 @dataclass(frozen=True)
@@ -108,11 +114,21 @@ class QwenVL(VisionFamily):
     def special_tokens(self, tokenizer: Any) -> QwenTokens:
         return QwenTokens.from_tokenizer(tokenizer)
 
+    #: Part of the tokenizer's checkpoint settings: a video's placeholder layout.
+    layout = "qwen3_5-video-frames"
+
     def placeholder(self, special: QwenTokens, patches: VisionPatches, merge_size: int,
                     video: bool) -> np.ndarray:
-        pad = special.video_pad if video else special.image_pad
-        n = patches.num_tokens(merge_size)
-        return np.concatenate([[special.vision_start], np.full(n, pad), [special.vision_end]])
+        """An image: one run. A video: one run per temporal patch (Qwen3.5's frames)."""
+        if not video:
+            n = patches.num_tokens(merge_size)
+            return np.concatenate([[special.vision_start], np.full(n, special.image_pad),
+                                   [special.vision_end]])
+        t, h, w = (int(x) for x in patches.grid_thw)
+        frame = np.concatenate([[special.vision_start],
+                                np.full(h * w // (merge_size * merge_size), special.video_pad),
+                                [special.vision_end]])
+        return np.tile(frame, t)
 
     def chat_turn(self, special: QwenTokens, role: str,
                   encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
@@ -131,7 +147,8 @@ class QwenVL(VisionFamily):
         from zephon_vl.media.image import ImageSettings
 
         return ImageSettings(**QWEN3_5_PATCHES, image_mean=QWEN3_5_MEAN_STD,
-                             image_std=QWEN3_5_MEAN_STD, max_pixels=max_pixels)
+                             image_std=QWEN3_5_MEAN_STD, min_pixels=QWEN3_5_MIN_PIXELS,
+                             max_pixels=max_pixels)
 
     def check_recipe(self, recipe: Recipe) -> None:
         """A recipe of this family whose patches the qwen3_5 vision encoder can take."""
@@ -205,21 +222,25 @@ def pad_items(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
 
 def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: torch.Tensor,
                     merge: int, image_id: int, video_id: int) -> torch.Tensor:
-    """Qwen2-VL style 3-D positions ``[rows, seq_len, 3]``, restarting at every document.
+    """Qwen3.5's 3-D positions ``[rows, seq_len, 3]``, restarting at every document.
 
-    Inside a document: text tokens get ``p`` on all three axes; a vision item
+    Inside a document: text tokens get ``p`` on all three axes; a vision run
     of merged grid ``(t, h, w)`` starting after ``n`` positions gets
     ``(n + t_i, n + h_i, n + w_i)``; the text after it continues at
-    ``max + 1``. Documents start where ``positions`` resets (zephon restarts
-    positions at 0 per document). For images this is exactly what
-    TorchTitan's ``MultiModalCollator._build_mrope_positions`` computes (a
-    test checks it); videos use the plain temporal index ``t_i`` (Qwen2-VL),
-    not timestamps.
+    ``max + 1``. An image is one run. A video of ``t`` temporal patches is
+    ``t`` runs (its frames, with the tokens between them), each positioned as
+    an image of grid ``(1, h, w)``: time shows only through the order of the
+    frames. Documents start where ``positions`` resets (zephon restarts
+    positions at 0 per document). This is exactly what TorchTitan's
+    ``MultiModalCollator._build_mrope_positions`` computes (tests check both
+    images and videos).
     """
     rows, seq = tokens.shape
     out = torch.zeros(rows, seq, 3, dtype=torch.int64)
     grids = grid_thw.tolist()
     item = 0
+    frames_left = 0  # runs still to come of the current video
+    frame: tuple[int, int] = (0, 0)
     for b in range(rows):
         tok = tokens[b].tolist()
         pos = positions[b].tolist()
@@ -229,9 +250,15 @@ def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: tor
             if i > 0 and pos[i] < pos[i - 1]:
                 nxt = 0  # a new document starts
             if tok[i] == image_id or tok[i] == video_id:
-                t, h, w = grids[item]
-                item += 1
-                h, w = h // merge, w // merge
+                if frames_left:
+                    t, (h, w) = 1, frame
+                    frames_left -= 1
+                else:
+                    t, h, w = grids[item]
+                    item += 1
+                    h, w = h // merge, w // merge
+                    if tok[i] == video_id:
+                        frame, frames_left, t = (h, w), t - 1, 1
                 n = t * h * w
                 ti = torch.arange(t).repeat_interleave(h * w)
                 hi = torch.arange(h).repeat_interleave(w).repeat(t)
@@ -244,9 +271,9 @@ def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: tor
             out[b, i] = nxt
             nxt += 1
             i += 1
-    if item != len(grids):
-        raise ValueError(f"zephon batch is inconsistent: {item} vision runs for "
-                         f"{len(grids)} grid_thw entries")
+    if item != len(grids) or frames_left:
+        raise ValueError(f"zephon batch is inconsistent: {item} vision items "
+                         f"({frames_left} video frames missing) for {len(grids)} grid_thw entries")
     return out
 
 

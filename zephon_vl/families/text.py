@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zephon_core import ConfigError
 from zephon_vl.families.base import ModelFamily, TitanOptions
 
 if TYPE_CHECKING:
@@ -16,7 +17,15 @@ class TextFamily(ModelFamily):
     name = "text"
 
     def check_recipe(self, recipe: Recipe) -> None:
-        """Every recipe qualifies: a VLM recipe's vision inputs are left out of the batch."""
+        """Text recipes only: a VLM recipe's rows hold images a text model would never see."""
+        from zephon_vl.families.registry import recipe_family
+
+        got = recipe_family(recipe)
+        if got.vision:
+            raise ConfigError(
+                f"recipe {recipe.name!r} is a VLM recipe (model family {got.name!r}): "
+                "model_format='text' would leave its images out of every batch and keep "
+                f"their placeholder tokens; use model_format={got.name!r}, or a text recipe")
 
     def titan_inputs(self, batch: dict[str, Any], collate: Any,
                      options: TitanOptions) -> dict[str, Any]:

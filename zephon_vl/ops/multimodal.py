@@ -205,7 +205,8 @@ class TokenizeMultimodal(TokenizerTransform):
     def settings(self) -> dict:
         return {"tokenizer": self._identity, "merge_size": self.merge_size,
                 "max_tokens": self.max_tokens, "overlong": self.overlong,
-                "family": self.family.name}
+                "family": self.family.name, **({"layout": self.family.layout}
+                                                if self.family.layout else {})}
 
     def setup(self) -> None:
         if self._ids is None:

@@ -6,6 +6,8 @@
   ``model_format`` names (:mod:`zephon_vl.families`; ``qwen3_5``: padded
   patches, MRoPE positions, the ``special_tokens`` dict, in
   :mod:`zephon_vl.families.qwen`).
+* :mod:`zephon_vl.titan.trainer`: ``ZephonTrainer``, TorchTitan's Trainer whose config
+  hands ``training.global_batch_size`` to the dataloader (a mismatch is refused at build).
 * :mod:`zephon_vl.titan.config_registry`: ready configurations for
   ``--module zephon_vl.titan --config zephon_llama3_debug`` / ``zephon_qwen35_debug``.
 * :mod:`zephon_vl.testing.titan_cpu`: the patches that make TorchTitan 0.3.0 run on a

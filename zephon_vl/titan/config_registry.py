@@ -14,7 +14,9 @@ this module and calls ``<name>()``; CLI flags (``--training.steps 20``,
   with Qwen3.5's vision settings (patch 16, temporal patch 2, merge 2,
   mean/std 0.5) and ``model_format="qwen3_5"``.
 
-Both are set up to also run on CPU under ``python -m zephon_vl.testing.titan_cpu``
+Both are ``ZephonTrainer.Config`` (TorchTitan's Trainer; the config hands
+``training.global_batch_size`` to the dataloader, which refuses a mismatch when
+it is built). Both are set up to also run on CPU under ``python -m zephon_vl.testing.titan_cpu``
 (float32 parameters, no activation checkpointing, no validator, the
 ``partial_dtensor`` SPMD backend); on GPUs override what you like.
 """
@@ -26,18 +28,19 @@ from torchtitan.trainer import Trainer
 from zephon_core import qwen_tokenizer_dir
 from zephon_vl.testing.tiny_model import QWEN_VOCAB
 from zephon_vl.titan.dataloader import ZephonDataLoader
+from zephon_vl.titan.trainer import ZephonTrainer, zephon_trainer_config
 
 __all__ = ["QWEN_VOCAB", "zephon_llama3_debug", "zephon_qwen35_debug"]
 
 
-def _cpu_friendly(config: Trainer.Config) -> Trainer.Config:
+def _cpu_friendly(config: Trainer.Config) -> ZephonTrainer.Config:
     # torch 2.13's FSDP2 with the spmd_types backend fails at dp > 1 on CPU
     # ("all parameters must be DTensors on the full SPMD mesh").
     config.parallelism.spmd_backend = "partial_dtensor"
     config.training.mixed_precision_param = "float32"  # bf16 matmuls are slow on CPU
     config.activation_checkpoint = None
     config.validator.enable = False
-    return config
+    return zephon_trainer_config(config)
 
 
 def set_vocab_size(config: Trainer.Config, vocab_size: int) -> None:
@@ -52,7 +55,7 @@ def set_vocab_size(config: Trainer.Config, vocab_size: int) -> None:
         inner.global_vocab_size = vocab_size
 
 
-def zephon_llama3_debug() -> Trainer.Config:
+def zephon_llama3_debug() -> ZephonTrainer.Config:
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
     config = llama3_debugmodel()
@@ -66,7 +69,7 @@ def zephon_llama3_debug() -> Trainer.Config:
     return _cpu_friendly(config)
 
 
-def zephon_qwen35_debug() -> Trainer.Config:
+def zephon_qwen35_debug() -> ZephonTrainer.Config:
     # imported lazily: qwen3_5 needs fla + triton (and its registry imports torchvision)
     from torchtitan.components.tokenizer import MultiModalTokenizer
     from torchtitan.models.qwen3_5 import QWEN3_5_SPECIAL_TOKENS

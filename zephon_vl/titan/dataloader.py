@@ -11,10 +11,12 @@ token tensor, every other key is a keyword argument of the model's forward
 (``positions`` restart at 0 at every document, so the trainer builds
 document-causal masks from them; labels are -100 where there is no target).
 
-Geometry. ``global_batch_size`` (``G``, rows per optimizer step; 0 means
-``local_batch_size * dp_world_size``) is zephon's global batch, and must equal
-TorchTitan's ``training.global_batch_size`` (whose default, -1, is exactly
-``local_batch_size * dp_world_size``). Each rank's local batch, ``G / D`` rows, is
+Geometry. ``global_batch_size`` (``G``, rows per optimizer step; 0 means the
+recipe's own, never a product with ``D``, so a resume on another ``D`` keeps
+it) is zephon's global batch, and must equal TorchTitan's
+``training.global_batch_size`` (whose default, -1, is ``local_batch_size *
+dp_world_size``); with :class:`ZephonTrainer`'s config a mismatch is refused
+when the dataloader is built. Each rank's local batch, ``G / D`` rows, is
 cut into ``G / (D * local_batch_size)`` micro-batches of ``local_batch_size``
 rows: TorchTitan's gradient-accumulation steps. TorchTitan's ``seq_len`` is the
 recipe's context length.
@@ -43,7 +45,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon_core import CheckpointError, ConfigError, Execution, Loader, load_recipe, parse_workers
 from zephon_core.engine.state_check import parse_state
 from zephon_vl.families.base import TitanOptions
-from zephon_vl.families.registry import family_names, get_family, vision_family
+from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
 from zephon_vl.ops.device import to_device
 
 log = logging.getLogger(__name__)
@@ -102,8 +104,13 @@ class ZephonDataLoader(BaseDataLoader):
         """``L``: fixed for the life of a run; every DP degree you use must divide it."""
 
         global_batch_size: int = 0
-        """Rows per optimizer step; 0 = local_batch_size x dp_world_size. Must equal
-        TorchTitan's ``training.global_batch_size`` when that is set."""
+        """Rows per optimizer step; 0 = the recipe's own (16 for the built-in recipes), never
+        derived from the rank count, so a resume on another D keeps it. Must equal
+        TorchTitan's ``training.global_batch_size``."""
+
+        trainer_global_batch_size: int = 0
+        """Set by ``ZephonTrainer.Config`` from ``training.global_batch_size`` (-1: local x D),
+        so a mismatch is refused at build time; 0 = not known (a plain ``Trainer.Config``)."""
 
         seed: int = 0
         infinite: bool = True
@@ -158,6 +165,12 @@ class ZephonDataLoader(BaseDataLoader):
         """Where batches with uint8 pixels are normalized: ``auto`` = this rank's CUDA device
         when there is one, else the CPU (the same floats either way)."""
 
+        stall_seconds: float | None = Execution.stall_seconds
+        """Log each lane's drops by reason after this many seconds without a row."""
+
+        stall_drops: int | None = Execution.stall_drops
+        """Stop with an error saying why when a lane drops this many samples in a row."""
+
         verify_state: bool = True
         """Compare the state's SHA-256 across ranks at every save (one small all_gather)."""
 
@@ -169,11 +182,12 @@ class ZephonDataLoader(BaseDataLoader):
                  tokenizer: Any = None, seq_len: int, local_batch_size: int,
                  **kwargs: Any) -> None:
         # tokenizer: zephon tokenizes with the recipe's own tokenizer (its content hash is in
-        # the checkpoint fingerprint); TorchTitan's is not used.
+        # the checkpoint fingerprint); TorchTitan's is only checked against it.
         # snapshot_every_n_steps and other trainer kwargs are not needed: the state is
         # taken at every step boundary at no cost.
-        del tokenizer, kwargs
+        del kwargs
         self.config = config
+        check_ignored_fields(config)
         if config.model_format not in family_names():
             raise ConfigError(f"zephon dataloader: model_format must be a registered model "
                               f"family ({', '.join(family_names())}), got "
@@ -188,20 +202,28 @@ class ZephonDataLoader(BaseDataLoader):
                               f"{config.video_mode!r}")
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.local_batch_size = local_batch_size
-        G = config.global_batch_size or local_batch_size * dp_world_size
-        self.microbatches = check_geometry(config.num_lanes, G, dp_world_size,
-                                           local_batch_size)
         overrides: dict[str, Any] = {}
         if not config.infinite:
             overrides["epochs"] = 1
         if config.image_preset:
+            if not self.family.vision:
+                raise ConfigError(
+                    f"zephon dataloader: image_preset={config.image_preset!r} sets a vision "
+                    f"encoder's image settings, but model_format={config.model_format!r} takes "
+                    "no images; use a VLM recipe with a vision model_format (e.g. "
+                    "--dataloader.model_format qwen3_5), or leave image_preset empty")
             image = preset_image_settings(config.image_preset, config.max_pixels)
             if config.normalize_on_device:
                 image = dataclasses.replace(image, normalize="device")
             overrides["image"] = image
-        self.recipe = load_recipe(config.recipe, num_lanes=config.num_lanes,
-                                  global_batch_size=G, seq_len=seq_len, seed=config.seed,
-                                  **overrides)
+        G = config.global_batch_size
+        if not G:  # the recipe's own: a property of the data, the same at every D
+            G = self._load_recipe(config, seq_len, overrides).global_batch_size
+        check_trainer_batch(G, config.trainer_global_batch_size, local_batch_size,
+                            dp_world_size)
+        self.microbatches = check_geometry(config.num_lanes, G, dp_world_size,
+                                           local_batch_size)
+        self.recipe = self._load_recipe(config, seq_len, overrides, G)
         if self.recipe.seq_len != seq_len or self.recipe.global_batch_size != G:
             raise ConfigError(f"recipe {config.recipe!r} ignored seq_len/global_batch_size "
                               f"overrides (got S={self.recipe.seq_len}, "
@@ -211,16 +233,41 @@ class ZephonDataLoader(BaseDataLoader):
         except ConfigError as exc:
             raise ConfigError(f"zephon dataloader: model_format={config.model_format!r}, "
                               f"recipe {config.recipe!r}: {exc}") from None
+        if tokenizer is not None:
+            check_tokenizer(tokenizer, self.recipe, config.recipe)
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
                                    default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch or None,
-                                   prefetch_steps=config.prefetch_steps)
+                                   prefetch_steps=config.prefetch_steps,
+                                   stall_seconds=config.stall_seconds,
+                                   stall_drops=config.stall_drops)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background,
                              ledger=config.ledger or None)
         self._pending: list[dict[str, Any]] = []
         self._warned_no_vision = False
         log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
+
+    @staticmethod
+    def _load_recipe(config: Config, seq_len: int, overrides: dict[str, Any],
+                     global_batch_size: int | None = None) -> Any:
+        try:
+            return load_recipe(config.recipe, num_lanes=config.num_lanes,
+                               global_batch_size=global_batch_size, seq_len=seq_len,
+                               seed=config.seed, **overrides)
+        except TypeError as exc:
+            if "image" in overrides and "image" in str(exc):
+                raise ConfigError(
+                    f"zephon dataloader: image_preset={config.image_preset!r} on recipe "
+                    f"{config.recipe!r}, which takes no image settings (a text recipe); leave "
+                    "image_preset empty, or use a VLM recipe (e.g. vlm-demo)") from None
+            raise
+        except ConfigError as exc:
+            if global_batch_size is None:
+                raise ConfigError(
+                    f"{exc} (global_batch_size 0 takes the recipe's own; set "
+                    "--dataloader.global_batch_size and --training.global_batch_size)") from None
+            raise
 
     # --- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
@@ -302,6 +349,84 @@ class ZephonDataLoader(BaseDataLoader):
 
     def close(self) -> None:
         self.loader.close()
+
+
+def check_ignored_fields(config: ZephonDataLoader.Config) -> None:
+    """Refuse TorchTitan's dataset fields: zephon's data is what its recipe names."""
+    for name in ("dataset", "dataset_path"):
+        value = getattr(config, name)
+        if value:
+            raise ConfigError(
+                f"zephon dataloader: --dataloader.{name} {value!r} is TorchTitan's Hugging Face "
+                "dataset option, which zephon does not read: it reads the datasets its recipe "
+                "names. Use --dataloader.recipe (a built-in name, or a recipe TOML file whose "
+                "[[datasets]] list your shards and text files) and leave "
+                f"--dataloader.{name} unset")
+
+
+def check_trainer_batch(global_batch_size: int, trainer_global_batch_size: int,
+                        local_batch_size: int, dp_world_size: int) -> None:
+    """Refuse a trainer whose optimizer step takes another number of rows than zephon's step.
+
+    `trainer_global_batch_size`: TorchTitan's ``training.global_batch_size`` (-1 means
+    ``local_batch_size x dp_world_size``), 0 when unknown.
+    """
+    if not trainer_global_batch_size:
+        return
+    G, B, D = global_batch_size, local_batch_size, dp_world_size
+    trainer = trainer_global_batch_size if trainer_global_batch_size > 0 else B * D
+    if trainer == G:
+        return
+    how = (f"training.global_batch_size={trainer_global_batch_size}"
+           if trainer_global_batch_size > 0 else
+           f"training.global_batch_size=-1, i.e. local_batch_size x D = {B} x {D} = {trainer}")
+    effect = (f"each trainer step would take {trainer // G} zephon steps"
+              if trainer > G and trainer % G == 0 else
+              "trainer steps would not end on zephon step boundaries, so checkpoints "
+              "would be refused")
+    raise ConfigError(
+        f"zephon dataloader: the trainer's optimizer step takes {trainer} rows ({how}) but "
+        f"dataloader.global_batch_size is {G}; {effect}. Set both to the same value: "
+        f"--training.global_batch_size {G} (or --dataloader.global_batch_size {trainer} "
+        "--training.global_batch_size the same)")
+
+
+def check_tokenizer(tokenizer: Any, recipe: Any, name: str) -> None:
+    """Refuse a trainer tokenizer whose vocabulary or special ids differ from the recipe's.
+
+    The model embeds the ids zephon makes with the recipe's tokenizer; a trainer
+    configured with another one (another ``hf_assets_path``) would size the
+    model's vocabulary and read the special ids of a different table.
+    Objects without ``get_vocab_size`` (not a TorchTitan tokenizer) are not checked.
+    """
+    if not callable(getattr(tokenizer, "get_vocab_size", None)):
+        return
+    from zephon_core import load_tokenizer
+
+    path = next((op.tokenizer_path for op in recipe.ops if hasattr(op, "tokenizer_path")), None)
+    if path is None:
+        return
+    ours = load_tokenizer(path)
+    theirs_size, our_size = int(tokenizer.get_vocab_size()), len(ours)
+    problems = []
+    if theirs_size != our_size:
+        problems.append(f"vocabulary size {theirs_size} != {our_size}")
+    pairs = [("eos_id", ours.eos_token_id)]
+    family = recipe_family(recipe)
+    if family.vision:
+        ids = family.batch_token_ids(recipe.collate.special)
+        pairs += [(key.replace("_token_id", "_id"), value) for key, value in ids.items()]
+    for attr, want in pairs:
+        got = getattr(tokenizer, attr, None)
+        if got is not None and want is not None and int(got) != int(want):
+            problems.append(f"{attr} {got} != {want}")
+    if problems:
+        raise ConfigError(
+            f"zephon dataloader: the trainer's tokenizer differs from recipe {name!r}'s "
+            f"({path}): {', '.join(problems)} (trainer != recipe). zephon tokenizes with the "
+            "recipe's tokenizer; point the trainer's --hf_assets_path at the same tokenizer "
+            "(the bundled Qwen one: `zephon-vl tokenizer`), or build the recipe with the "
+            "trainer's")
 
 
 def verify_identical(blob: str) -> None:
