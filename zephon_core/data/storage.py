@@ -132,6 +132,21 @@ def open_shard(location: str | os.PathLike, retry: Any = None) -> StoredFile:
     return LocalFile(location)
 
 
+def read_whole(location: str | os.PathLike, retry: Any = None) -> bytes:
+    """All bytes of a small file (a manifest, a sidecar index) at a path or URL.
+
+    A missing local file raises `FileNotFoundError`, so callers can say how to
+    make it; `retry` as `stat_shard`.
+    """
+    if not is_remote(location):
+        return local_path(location).read_bytes()
+    stored = open_shard(location, retry)
+    try:
+        return stored.read_at(0, stored.size)
+    finally:
+        stored.close()
+
+
 class StoredFileIO:
     """A read-only, seekable file object over a `StoredFile` (for ``tarfile`` and hashing).
 

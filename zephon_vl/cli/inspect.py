@@ -22,16 +22,14 @@ from zephon_core.engine.checkpoint import FORMAT
 from zephon_core.engine.state_check import parse_state
 from zephon_core.errors import CheckpointError
 from zephon_vl.cli.main import command
-
-TITAN_KEY = "zephon_state"
-TITAN_FORMAT = "zephon-titan-dataloader"
+from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY
 
 
 class _Holder:
     """A Stateful that receives the dataloader entry of a DCP checkpoint."""
 
     def __init__(self) -> None:
-        self.value: dict[str, Any] = {TITAN_KEY: ""}
+        self.value: dict[str, Any] = {STATE_KEY: ""}
 
     def state_dict(self) -> dict[str, Any]:
         return self.value
@@ -54,12 +52,12 @@ def _from_dcp(folder: Path) -> Any:
         raise CheckpointError(f"{folder}: its DCP metadata cannot be read "
                               f"({type(exc).__name__}: {exc}); the checkpoint is damaged or "
                               "not a DCP checkpoint") from None
-    keys = [k for k in meta.state_dict_metadata if k.endswith(TITAN_KEY)]
+    keys = [k for k in meta.state_dict_metadata if k.endswith(STATE_KEY)]
     if not keys:
-        raise CheckpointError(f"{folder}: the checkpoint has no '{TITAN_KEY}' entry (no zephon "
+        raise CheckpointError(f"{folder}: the checkpoint has no '{STATE_KEY}' entry (no zephon "
                               "dataloader was saved in it); found "
                               f"{sorted(meta.state_dict_metadata)[:6]}")
-    prefix = keys[0][:-len(TITAN_KEY)].rstrip(".")
+    prefix = keys[0][:-len(STATE_KEY)].rstrip(".")
     holder = _Holder()
     target: dict[str, Any] = {prefix: holder} if prefix else holder.value
     with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
@@ -70,7 +68,7 @@ def _from_dcp(folder: Path) -> Any:
             raise CheckpointError(f"{folder}: reading '{keys[0]}' failed "
                                   f"({type(exc).__name__}: {str(exc)[:200]}); the checkpoint "
                                   "is damaged or incomplete") from None
-    return holder.value[TITAN_KEY]
+    return holder.value[STATE_KEY]
 
 
 def read_state(path: str | Path) -> dict:
@@ -90,9 +88,9 @@ def read_state(path: str | Path) -> dict:
         state = parse_state(raw, str(p)) if isinstance(raw, str | bytes) else raw
     except CheckpointError as exc:
         raise CheckpointError(f"{p} is not a zephon state: {exc}") from None
-    if isinstance(state, dict) and TITAN_KEY in state and isinstance(state[TITAN_KEY], str):
-        state = parse_state(state[TITAN_KEY], f"{p} ({TITAN_KEY})")
-    if isinstance(state, dict) and state.get("format") == TITAN_FORMAT:
+    if isinstance(state, dict) and STATE_KEY in state and isinstance(state[STATE_KEY], str):
+        state = parse_state(state[STATE_KEY], f"{p} ({STATE_KEY})")
+    if isinstance(state, dict) and state.get("format") == STATE_FORMAT:
         state = state.get("zephon")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{p} is not a zephon state (no \"format\": \"{FORMAT}\"); pass "

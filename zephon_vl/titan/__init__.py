@@ -6,6 +6,8 @@
   ``model_format`` names (:mod:`zephon_vl.families`; ``qwen3_5``: padded
   patches, MRoPE positions, the ``special_tokens`` dict, in
   :mod:`zephon_vl.families.qwen`).
+* :mod:`zephon_vl.titan.state`: the checkpoint envelope (key, format, version), torchtitan-free
+  so that ``zephon-vl inspect`` reads DCP folders with it.
 * :mod:`zephon_vl.titan.trainer`: ``ZephonTrainer``, TorchTitan's Trainer whose config
   hands ``training.global_batch_size`` to the dataloader (a mismatch is refused at build).
 * :mod:`zephon_vl.titan.config_registry`: ready configurations for

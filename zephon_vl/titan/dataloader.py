@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,12 +46,9 @@ from zephon_core.engine.state_check import parse_state
 from zephon_vl.families.base import TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
 from zephon_vl.ops.device import to_device
+from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY, STATE_VERSION, wrap_state
 
 log = logging.getLogger(__name__)
-
-STATE_KEY = "zephon_state"
-STATE_FORMAT = "zephon-titan-dataloader"
-STATE_VERSION = 1
 
 
 def preset_image_settings(name: str, max_pixels: int) -> Any:
@@ -311,8 +307,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"zephon dataloader: the state holds {len(state['lanes'])} of "
                 f"{self.recipe.num_lanes} lanes: torch.distributed is not initialized on "
                 f"{self.dp_world_size} ranks, so it cannot be gathered into a global state")
-        blob = json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION,
-                           "zephon": state}, sort_keys=True)
+        blob = wrap_state(state)
         if self.config.verify_state:
             verify_identical(blob)
         return {STATE_KEY: blob}
@@ -478,5 +473,4 @@ def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:
     if any(dl.mid_step for dl in loaders):
         raise CheckpointError("zephon dataloader: a simulated rank is in the middle of a step")
     state = merge_states([dl.loader.local_state_dict() for dl in loaders])
-    return {STATE_KEY: json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION,
-                                   "zephon": state}, sort_keys=True)}
+    return {STATE_KEY: wrap_state(state)}

@@ -57,6 +57,7 @@ from zephon_core.data.storage import (
     is_remote,
     local_path,
     open_shard,
+    read_whole,
     stat_shard,
 )
 from zephon_core.errors import BadSampleError, ZephonError
@@ -328,15 +329,7 @@ def _cache_paths(location: str | Path, cache_dir: Path | None) -> list[Path]:
 
 def read_index_file(path: str | Path, retry: Any = None) -> ShardIndex:
     """A sidecar index from a local path or URL (raises OSError/ValueError when unusable)."""
-    if is_remote(path):
-        stored = open_shard(os.fspath(path), retry)
-        try:
-            text = stored.read_at(0, stored.size)
-        finally:
-            stored.close()
-    else:
-        text = local_path(path).read_bytes()
-    return ShardIndex.from_json(json.loads(text))
+    return ShardIndex.from_json(json.loads(read_whole(path, retry)))
 
 
 def load_index(shard: str | Path, cache_dir: str | Path | None = None,

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zephon_core.common.files import atomic_write
-from zephon_core.data.storage import base_name, is_remote, local_path, open_shard
+from zephon_core.data.storage import base_name, is_remote, local_path, read_whole
 from zephon_core.errors import ConfigError
 from zephon_vl.wds.index import ShardEntry, WebDatasetReader, load_index
 
@@ -86,12 +86,7 @@ def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardE
     """The entries of a manifest (a path or URL), index locations made absolute."""
     text = os.fspath(location)
     try:
-        if is_remote(text):
-            stored = open_shard(text, retry)
-            raw = stored.read_at(0, stored.size)
-        else:
-            raw = local_path(text).read_bytes()
-        doc = json.loads(raw)
+        doc = json.loads(read_whole(text, retry))
     except FileNotFoundError:
         raise ConfigError(f"manifest {text} does not exist; write it with "
                           "zephon-vl index SHARD... --out MANIFEST") from None
