@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "StoredFile": "zephon_core.data.storage",
     "RetryPolicy": "zephon_core.data.storage",
     "Coalesce": "zephon_core.data.storage",
+    "StorageSettings": "zephon_core.data.storage",
+    "storage_settings": "zephon_core.data.storage",
     "StorageError": "zephon_core.data.remote",
     "ParquetReader": "zephon_core.data.readers",
     "ShardReader": "zephon_core.data.readers",

@@ -61,7 +61,8 @@ class Execution:
     ``LOCAL_WORLD_SIZE``, at least 1), thread stages to one thread; an explicit
     setting wins.
     Consecutive transforms with the same runner and worker count are fused
-    into one stage (one worker call per group).
+    into one stage (one worker call per group). `retry` and `coalesce` govern
+    reads from URLs (docs/storage.md); every stage carries them to its workers.
     """
 
     runner: str = "auto"
