@@ -187,3 +187,39 @@ def test_gs_urls_need_gcsfs_and_say_so() -> None:
     with pytest.raises(ConfigError) as info:
         open_shard("gs://bucket/train/shard-000000.tar")
     assert "gcsfs" in str(info.value) and "shard-000000.tar" in str(info.value)
+
+
+def test_reads_share_one_outage_clock_per_endpoint() -> None:
+    """With many reads in flight, storage that is down stops the run one deadline after it
+    went away, not one deadline per read; an outage nobody retried for a while is over."""
+    from tests.helpers.storage import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/demo-000000.tar"  # nothing listens: refused
+    retry = RetryPolicy(deadline=0.6, initial=0.05, maximum=0.05, request_timeout=0.5)
+
+    def seconds_to_fail() -> float:
+        t0 = time.monotonic()
+        with pytest.raises(StorageError, match="deadline 0.6 s"):
+            open_shard(url, retry)
+        return time.monotonic() - t0
+
+    assert seconds_to_fail() >= 0.6
+    assert seconds_to_fail() < 0.3  # the same outage: no second deadline
+    time.sleep(retry.maximum + retry.request_timeout + 1.1)
+    assert seconds_to_fail() >= 0.6  # a new outage gets its own deadline
+
+
+def test_an_http_server_that_is_down_is_not_a_missing_shard(served) -> None:
+    """fsspec reports any failed HTTP ``info`` as FileNotFoundError; a refused connection
+    must stay an I/O failure (retried, then StorageError), never ``missing_shard``, which
+    ``on_error="drop"`` would turn into a drop. A real 404 is ``missing_shard``."""
+    from tests.helpers.storage import free_port
+    from zephon_core import BadSampleError
+
+    retry = RetryPolicy(deadline=0.3, initial=0.05, maximum=0.05, request_timeout=0.5)
+    with pytest.raises(StorageError, match="deadline 0.3 s"):
+        open_shard(f"http://127.0.0.1:{free_port()}/demo-000000.tar", retry)
+    server, _ = served
+    with pytest.raises(BadSampleError) as info:
+        open_shard(f"{server.url}/no-such-shard.tar", retry)
+    assert info.value.reason == "missing_shard"

@@ -56,16 +56,47 @@ def _is_missing(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError)
 
 
+def _unwrapped(exc: BaseException) -> BaseException:
+    """The error that decides what to do. fsspec's HTTP filesystem reports *any* failed
+    ``info`` (connection refused, a timeout, a 503) as FileNotFoundError raised from the
+    real cause; only a 404/410 (or a FileNotFoundError without a cause) means missing."""
+    cause = exc.__cause__
+    if isinstance(exc, FileNotFoundError) and cause is not None and \
+            not isinstance(cause, FileNotFoundError) and \
+            getattr(cause, "status", None) not in (404, 410):
+        return cause
+    return exc
+
+
 def _is_permanent(exc: BaseException) -> bool:
     """Errors that retrying cannot fix: refused credentials, bad requests."""
     return isinstance(exc, (PermissionError, ValueError, TypeError, NotImplementedError))
 
 
-#: When each storage endpoint (scheme://host or bucket) started failing, in this process;
-#: cleared by its next success. Reads share the outage's clock, so with many groups in
-#: flight the run stops one deadline after storage went away, not one deadline per group.
-_failing_since: dict[str, float] = {}
+#: Per storage endpoint (scheme://host or bucket), in this process: when it started
+#: failing and when it last failed; dropped as soon as it answers. Reads share the
+#: outage's clock, so with many groups in flight the run stops one deadline after storage
+#: went away, not one deadline per group.
+_failing: dict[str, tuple[float, float]] = {}
 _failing_lock = threading.Lock()
+
+
+def _answered(endpoint: str) -> None:
+    if endpoint in _failing:
+        with _failing_lock:
+            _failing.pop(endpoint, None)
+
+
+def _outage_start(endpoint: str, policy: RetryPolicy) -> float:
+    """When the endpoint's current outage began; a failure long after the last one (nobody
+    was retrying: more than one backoff step and request timeout apart) starts a new one."""
+    now = time.monotonic()
+    with _failing_lock:
+        start, last = _failing.get(endpoint, (now, now))
+        if now - last > policy.maximum + policy.request_timeout + 1.0:
+            start = now
+        _failing[endpoint] = (start, now)
+    return start
 
 
 def _endpoint(location: str) -> str:
@@ -81,11 +112,12 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
     while True:
         try:
             out = what()
-            if endpoint in _failing_since:
-                with _failing_lock:
-                    _failing_since.pop(endpoint, None)
+            _answered(endpoint)
             return out
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as raised:  # noqa: BLE001 - classified below
+            exc = _unwrapped(raised)
+            if _is_missing(exc) or _is_permanent(exc):
+                _answered(endpoint)
             if _is_missing(exc):
                 raise BadSampleError("missing_shard", base_name(location),
                                      f"{location} does not exist") from None
@@ -94,9 +126,8 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
             if _is_permanent(exc):
                 raise StorageError(f"cannot read {where}: {cause}. Check the URL and the "
                                    "storage credentials/configuration.") from exc
+            start = _outage_start(endpoint, policy)
             now = time.monotonic()
-            with _failing_lock:
-                start = _failing_since.setdefault(endpoint, now)
             if now - start >= policy.deadline:
                 raise StorageError(
                     f"cannot read {where}: still failing after {now - start:.1f} s of retries "
