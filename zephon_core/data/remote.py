@@ -153,9 +153,7 @@ def _client_options(scheme: str, policy: RetryPolicy) -> dict[str, Any]:
 
         return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, connect=t,
                                                                    sock_read=t)}}
-    if scheme in ("gs", "gcs"):
-        return {"timeout": t}
-    return {}
+    return {}  # gs:// (gcsfs) keeps its own timeouts: untested here, so not guessed at
 
 
 def _filesystem(location: str, policy: RetryPolicy):
