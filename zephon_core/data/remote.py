@@ -165,10 +165,12 @@ def _filesystem(location: str, policy: RetryPolicy):
     except ImportError as e:
         from fsspec.registry import known_implementations
 
-        package = known_implementations.get(scheme, {}).get("class", "?").split(".")[0]
-        raise ConfigError(f"reading {scheme}:// URLs ({base_name(location)}) needs the "
-                          f"package {package!r}, which is not installed ({e}): pip install "
-                          f"{package}") from None
+        known = known_implementations.get(scheme, {})
+        package = known.get("class", "?").split(".")[0]
+        fix = f"pip install {package}" if package not in ("fsspec", "?") else \
+            "pip install 'zephon-vl[remote]'"
+        raise ConfigError(f"reading {scheme}:// URLs ({base_name(location)}) needs a package "
+                          f"that is not installed: {known.get('err') or e}. Fix: {fix}") from None
     except ValueError as e:
         raise ConfigError(f"{location}: no filesystem for {scheme}:// ({e})") from None
     if scheme in ("s3", "s3a"):
