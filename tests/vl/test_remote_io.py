@@ -223,3 +223,43 @@ def test_an_http_server_that_is_down_is_not_a_missing_shard(served) -> None:
     with pytest.raises(BadSampleError) as info:
         open_shard(f"{server.url}/no-such-shard.tar", retry)
     assert info.value.reason == "missing_shard"
+
+
+@pytest.fixture(scope="module")
+def small_served(tmp_path_factory):
+    from tests.vl.test_wds_index import make_samples
+    from zephon_vl.wds.writer import write_shards
+
+    root = tmp_path_factory.mktemp("small-shards")
+    shards = write_shards(make_samples(60), root, samples_per_shard=20)
+    with http_server(root) as server:
+        yield server, [str(p) for p in shards], [f"{server.url}/{p.name}" for p in shards]
+
+
+def test_read_many_equals_read_for_any_group_and_bounds(small_served) -> None:
+    """Whatever the group (order, repeats, shards mixed) and the coalescing bounds, each
+    sample's bytes from a remote `read_many` are those of a local `read`; requests never
+    exceed one per sample."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from zephon_core import storage_settings
+    from zephon_vl import WebDatasetReader
+
+    server, local, urls = small_served
+    plain, remote = WebDatasetReader(local), WebDatasetReader(urls)
+    assert remote.shard_lengths() == [20, 20, 20]  # indexed now: only sample reads count below
+    pointer = st.tuples(st.integers(0, 2), st.integers(0, 19))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(pointer, min_size=1, max_size=12), st.integers(0, 40_000),
+           st.integers(0, 20_000))
+    def check(pointers, max_bytes, max_gap) -> None:
+        settings_ = replace(LEAN, coalesce=Coalesce(max_bytes, max_gap)).storage()
+        before = server.range_gets
+        with storage_settings(settings_):
+            got = remote.read_many(pointers)
+        assert got == [plain.read(s, i) for s, i in pointers]
+        assert server.range_gets - before <= len(pointers)
+
+    check()
