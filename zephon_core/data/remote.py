@@ -209,9 +209,6 @@ class RemoteFile:
     thread (`current_storage()`), so one open handle serves every Loader.
     """
 
-    #: its reads are worth merging (`Coalesce`): each one is a request
-    coalesce = True
-
     def __init__(self, location: str, policy: RetryPolicy | None = None) -> None:
         self.location = location
         self.policy = policy

@@ -64,7 +64,8 @@ def base_name(location: str | os.PathLike) -> str:
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long to keep retrying a failing read: backoff from `initial` doubling up to
-    `maximum` seconds between tries, until `deadline` seconds after the first failure.
+    `maximum` seconds between tries, until `deadline` seconds after the endpoint started
+    failing (one clock per process and endpoint, shared by all reads in flight).
     `request_timeout` bounds one request, so a server that accepts a connection and never
     answers counts as a failure (and is retried) instead of hanging the reader.
     Never part of a fingerprint: retries change when a batch comes, not what it holds."""
