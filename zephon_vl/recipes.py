@@ -25,7 +25,6 @@ from zephon_core import (
     Pack,
     Read,
     Recipe,
-    RetryPolicy,
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
@@ -43,19 +42,19 @@ from zephon_vl.wds.index import WebDatasetReader
 from zephon_vl.wds.manifest import reader_from_manifest
 
 
-def _reader(spec: str | os.PathLike | Sequence[str | os.PathLike], index_cache: str | None,
-            retry: RetryPolicy | None) -> Any:
+def _reader(spec: str | os.PathLike | Sequence[str | os.PathLike],
+            index_cache: str | None) -> Any:
     """One dataset: a manifest (one ``.json`` path or URL), a list of ``.tar`` shards
     (WebDataset), or a list of ``.jsonl``/``.parquet`` text files."""
     if isinstance(spec, (str, os.PathLike)):
         if not os.fspath(spec).endswith(".json"):
             raise ConfigError(f"{os.fspath(spec)!r}: a dataset is a list of files or one "
                               "manifest (.json, from zephon-vl index)")
-        return reader_from_manifest(spec, retry=retry)
+        return reader_from_manifest(spec)
     files = list(spec)
     suffixes = {os.path.splitext(str(f))[1].lower() for f in files}
     if suffixes == {".tar"}:
-        return WebDatasetReader(files, cache_dir=index_cache, retry=retry)
+        return WebDatasetReader(files, cache_dir=index_cache)
     if ".tar" in suffixes:
         raise ConfigError(f"a dataset mixes .tar shards with {sorted(suffixes - {'.tar'})} "
                           "files; give the text files a dataset of their own")
@@ -74,13 +73,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
                epochs: int | None = None, index_cache: str | None = None,
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
-               retry: RetryPolicy | Mapping[str, float] | None = None,
                image_every_row: bool | None = None) -> Recipe:
     """A VLM recipe over WebDataset shards and text files for a model `family`.
 
     A dataset is a list of shard paths or URLs, or one manifest (a path or URL
     ending in ``.json``, written by ``zephon-vl index``): then building the
-    recipe reads that one file, and no shard. `retry` governs reads from URLs.
+    recipe reads that one file, and no shard. How reads from URLs are retried is
+    an execution setting (`Execution.retry`): it never changes a batch.
 
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
     be settings or their fields as a mapping (a TOML table). `image_every_row`
@@ -88,14 +87,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     one (guarantee 10).
     """
     family = vision_family(family)
-    retry = settings_from_table(RetryPolicy, retry, "retry") if retry is not None else None
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
     weights = dict(weights or {})
     if set(weights) - set(named):
         raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    datasets = [Dataset(n, _reader(s, index_cache, retry), float(weights.get(n, 1.0)))
+    datasets = [Dataset(n, _reader(s, index_cache), float(weights.get(n, 1.0)))
                 for n, s in named.items()]
     special = family.special_tokens(load_tokenizer(tokenizer))
     if image_every_row is None:

@@ -8,8 +8,10 @@ import hashlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -81,10 +83,20 @@ def s3_server() -> Iterator[S3Server]:
 
 
 class _RangeHandler(SimpleHTTPRequestHandler):
-    """Static files with ``Range: bytes=a-b`` (206) and an ETag, as object stores answer."""
+    """Static files with ``Range: bytes=a-b`` (206) and an ETag, as object stores answer.
+
+    Counts ranged GETs; while the server's `hang` is set, accepts requests and does not
+    answer them until it is cleared (a stuck storage backend)."""
 
     def log_message(self, *args) -> None:
         pass
+
+    def handle_one_request(self) -> None:
+        state: HttpServer = self.server.state  # type: ignore[attr-defined]
+        while state.hang.is_set() and not state.closing.is_set():
+            state.hung.set()
+            time.sleep(0.02)
+        super().handle_one_request()
 
     def _etag(self, path: str) -> str:
         st = os.stat(path)
@@ -98,6 +110,9 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         size = os.path.getsize(path)
         f = open(path, "rb")
         rng = self.headers.get("Range")
+        if rng and self.command == "GET":
+            with self.server.state.lock:  # type: ignore[attr-defined]
+                self.server.state.range_gets += 1  # type: ignore[attr-defined]
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) if b else size - 1, size - 1)
@@ -119,15 +134,42 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         outputfile.write(source.read(self._left))
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up on a hung request closes its socket: not worth a trace."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+@dataclass
+class HttpServer:
+    """What a test sees of the HTTP server: its base `url`, the ranged GETs it answered,
+    and `hang` (set: requests are accepted and left unanswered; `hung` tells one was)."""
+
+    url: str
+    range_gets: int = 0
+    hang: threading.Event = field(default_factory=threading.Event)
+    hung: threading.Event = field(default_factory=threading.Event)
+    closing: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 @contextmanager
-def http_server(root: Path) -> Iterator[str]:
-    """Serve `root` on 127.0.0.1; yields the base URL."""
+def http_server(root: Path) -> Iterator[HttpServer]:
+    """Serve `root` on 127.0.0.1."""
     handler = lambda *a, **k: _RangeHandler(*a, directory=str(root), **k)  # noqa: E731
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    state = HttpServer(f"http://127.0.0.1:{server.server_address[1]}")
+    server.state = state  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield state
     finally:
+        state.closing.set()
         server.shutdown()
         server.server_close()

@@ -14,6 +14,7 @@ from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 from zephon_core import (  # noqa: E402
     CheckpointError,
     ConfigError,
+    RetryPolicy,
     batch_digest,  # noqa: E402
     parse_workers,  # noqa: E402
 )
@@ -57,6 +58,21 @@ def test_builds_with_trainer_kwargs_and_yields_batches():
         assert bool(((steps == 1) | (pos[:, 1:] == 0)).all())
     assert dl.step == 2
     dl.close()
+
+
+def test_storage_settings_reach_execution_and_change_no_batch():
+    base = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=4,
+                                   global_batch_size=4)
+    tuned = dataclasses.replace(base, retry_deadline=7.5, coalesce_bytes=0)
+    got = {}
+    for name, cfg in (("base", base), ("tuned", tuned)):
+        dl = build(cfg, local_batch_size=4)
+        got[name] = [batch_digest(next(dl.loader)) for _ in range(2)]
+        got[name + "_ex"] = dl.execution
+        dl.close()
+    assert got["tuned_ex"].retry.deadline == 7.5 and got["tuned_ex"].coalesce.max_bytes == 0
+    assert got["base_ex"].retry == RetryPolicy()  # the defaults are Execution's
+    assert got["base"] == got["tuned"]
 
 
 def test_registry_configs_build():

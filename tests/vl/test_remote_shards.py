@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
 FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
+LEAN_FAST = replace(LEAN, retry=FAST)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +49,11 @@ def digests(shards, D: int, ex: Execution, steps: int = STEPS, **kw) -> list[str
 def test_s3_shards_give_the_local_digests(s3, tmp_path_factory) -> None:
     _, urls = s3
     want = reference(tmp_path_factory).digests
-    assert digests(urls, 1, LEAN, retry=FAST) == want
-    assert digests(urls, 2, Execution(runner="threads", group_size=3), retry=FAST) == want
-    procs = Execution(runner="auto", default_workers=2, group_size=4, prefetch_steps=0)
-    assert digests(urls, 2, procs, retry=FAST) == want
+    assert digests(urls, 1, LEAN_FAST) == want
+    assert digests(urls, 2, Execution(runner="threads", group_size=3, retry=FAST)) == want
+    procs = Execution(runner="auto", default_workers=2, group_size=4, prefetch_steps=0,
+                      retry=FAST)
+    assert digests(urls, 2, procs) == want
 
 
 def test_manifest_build_reads_only_the_manifest(s3, tmp_path, tmp_path_factory) -> None:
@@ -62,14 +65,14 @@ def test_manifest_build_reads_only_the_manifest(s3, tmp_path, tmp_path_factory) 
     server.stop()
     try:  # storage down: a Loader over the manifest still builds (it reads one local file)
         t0 = time.perf_counter()
-        loader = Loader(make_recipe(str(manifest), retry=FAST), 0, 2, LEAN)
+        loader = Loader(make_recipe(str(manifest)), 0, 2, LEAN_FAST)
         assert time.perf_counter() - t0 < 5
         local = make_recipe(demo_shards(tmp_path_factory))
         assert loader.fingerprint["datasets"] == local.fingerprint()["datasets"]
         loader.close()
     finally:
         server.start()
-    assert digests(str(manifest), 1, LEAN, retry=FAST) == reference(tmp_path_factory).digests
+    assert digests(str(manifest), 1, LEAN_FAST) == reference(tmp_path_factory).digests
 
 
 def test_changed_object_is_refused_naming_shard_and_field(s3, tmp_path,
@@ -79,11 +82,11 @@ def test_changed_object_is_refused_naming_shard_and_field(s3, tmp_path,
     build_manifest(urls[:1], manifest)
     entry = load_manifest(manifest)[0]
     original = Path(entry.url).name
-    recipe = make_recipe(str(manifest), retry=FAST)
+    recipe = make_recipe(str(manifest))
     reader = recipe.datasets[0].reader
     assert reader.read(0, 0)["__shard__"] == original
     server.put(urls[0], b"not the indexed shard")
-    fresh = make_recipe(str(manifest), retry=FAST).datasets[0].reader
+    fresh = make_recipe(str(manifest)).datasets[0].reader
     with pytest.raises(ZephonError) as info:
         fresh.read(0, 0)
     assert original in str(info.value) and "size" in str(info.value)
@@ -96,7 +99,7 @@ def test_server_restarted_within_the_deadline_gives_the_same_digests(s3, tmp_pat
     want = reference(tmp_path_factory).digests
     got = []
     with caplog.at_level(logging.WARNING, "zephon_core.data.remote"):
-        with Loader(make_recipe(urls, retry=FAST), 0, 1, LEAN) as loader:
+        with Loader(make_recipe(urls), 0, 1, LEAN_FAST) as loader:
             got.append(batch_digest(next(loader)))
             server.stop()
             restart = threading.Timer(1.5, server.start)
@@ -113,7 +116,7 @@ def test_server_gone_stops_with_a_clear_error_then_resume_matches(s3, tmp_path_f
     server, urls = s3
     want = reference(tmp_path_factory).digests
     short = RetryPolicy(deadline=1.0, initial=0.1, maximum=0.5)
-    with Loader(make_recipe(urls, retry=short), 0, 1, LEAN) as loader:
+    with Loader(make_recipe(urls), 0, 1, replace(LEAN, retry=short)) as loader:
         next(loader)
         state = loader.state_dict()
         server.stop()
@@ -126,7 +129,7 @@ def test_server_gone_stops_with_a_clear_error_then_resume_matches(s3, tmp_path_f
     msg = str(info.value)
     assert "s3://zephon-test/data/demo-" in msg and "offset" in msg and "deadline" in msg
     assert "testing" not in msg  # no credential in the error
-    with Loader(make_recipe(urls, retry=short), 0, 1, LEAN) as resumed1:
+    with Loader(make_recipe(urls), 0, 1, replace(LEAN, retry=short)) as resumed1:
         resumed1.load_state_dict(state)
         assert [batch_digest(next(resumed1)) for _ in range(STEPS - 1)] == want[1:]
 
@@ -134,9 +137,10 @@ def test_server_gone_stops_with_a_clear_error_then_resume_matches(s3, tmp_path_f
 def test_http_urls_and_a_toml_manifest(tmp_path_factory, tmp_path) -> None:
     local = demo_shards(tmp_path_factory)
     root = Path(local[0]).parent
-    with http_server(root) as base:
+    with http_server(root) as server:
+        base = server.url
         urls = [f"{base}/{Path(p).name}" for p in local]
-        assert digests(urls, 1, LEAN, retry=FAST) == reference(tmp_path_factory).digests
+        assert digests(urls, 1, LEAN_FAST) == reference(tmp_path_factory).digests
         manifest = root / "http-manifest.json"
         build_manifest(urls, manifest)
         toml = tmp_path / "remote.toml"

@@ -12,10 +12,12 @@ from zephon_core.records import Element
 class Read(Transform):
     """Fetch each sample from its dataset's reader.
 
-    Readers here are local files read by position, so a read costs microseconds
-    and its bytes are best consumed where they were read: by default it runs in
-    the process pool and fuses with decode/tokenize, so encoded bytes never
-    cross a process boundary. For slow remote storage, put it on threads
+    Local files are read by position, so a read costs microseconds and its
+    bytes are best consumed where they were read: by default it runs in the
+    process pool and fuses with decode/tokenize, so encoded bytes never cross
+    a process boundary. A group's samples that lie close together in one remote
+    shard come in one range request (`Execution.coalesce`). For slow remote
+    storage, also put reads on threads
     (``Execution(runners={"read": "threads"}, workers={"read": 8})``).
     """
 
@@ -27,4 +29,19 @@ class Read(Transform):
         self.on_error = check_on_error(on_error)
 
     def process_many(self, elements: list[Element]) -> list[Any]:
-        return [self.readers[e.payload[0]].read(e.payload[1], e.payload[2]) for e in elements]
+        """Through a reader's ``read_many`` when it has one (it may merge neighbouring
+        samples into one request), else sample by sample."""
+        out: list[Any] = [None] * len(elements)
+        by_reader: dict[int, list[int]] = {}
+        for j, e in enumerate(elements):
+            by_reader.setdefault(e.payload[0], []).append(j)
+        for d, js in by_reader.items():
+            reader = self.readers[d]
+            many = getattr(reader, "read_many", None)
+            if many is None:
+                got = [reader.read(elements[j].payload[1], elements[j].payload[2]) for j in js]
+            else:
+                got = many([(elements[j].payload[1], elements[j].payload[2]) for j in js])
+            for j, sample in zip(js, got, strict=True):
+                out[j] = sample
+        return out

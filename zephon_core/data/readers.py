@@ -20,7 +20,12 @@ from zephon_core.errors import ConfigError
 
 @runtime_checkable
 class ShardReader(Protocol):
-    """What a dataset needs from its storage."""
+    """What a dataset needs from its storage.
+
+    A reader may also have ``read_many(pointers) -> list`` (``[(shard, index), ...]``
+    -> the same as `read` of each): `Read` then hands it a whole group, so it can
+    merge neighbouring samples into one request (`WebDatasetReader` does, for URLs).
+    """
 
     @property
     def num_shards(self) -> int: ...

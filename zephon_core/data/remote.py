@@ -8,7 +8,8 @@ then opens its own connections.
 
 Transient failures (connection refused or reset, timeouts, 5xx) are retried
 with exponential backoff until `RetryPolicy.deadline` seconds have passed
-since the first failure; then a `StorageError` stops the run naming the shard,
+since the endpoint started failing (one clock per process and endpoint, shared
+by every read in flight); then a `StorageError` stops the run naming the shard,
 the offset and the cause. An I/O failure is never a drop: a drop caused by the
 network would differ between runs. A missing object is ``missing_shard``, as
 for a local file.
@@ -22,12 +23,12 @@ URLs it names in errors are those the user gave.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from zephon_core.data.storage import FileStat, base_name
+from zephon_core.data.storage import FileStat, RetryPolicy, base_name, current_storage
 from zephon_core.errors import BadSampleError, ConfigError, ZephonError
 
 log = logging.getLogger(__name__)
@@ -38,18 +39,8 @@ class StorageError(ZephonError):
     """Storage stayed unreachable past the retry deadline; the run stops (never a drop)."""
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long to keep retrying a failing read: backoff from `initial` doubling up to
-    `maximum` seconds between tries, until `deadline` seconds after the first failure.
-    Never part of a fingerprint: retries change when a batch comes, not what it holds."""
-
-    deadline: float = 120.0
-    initial: float = 0.2
-    maximum: float = 10.0
-
-
-DEFAULT_RETRY = RetryPolicy()
+__all__ = ["RemoteFile", "RetryPolicy", "StorageError", "remote_stat",
+           "with_retries"]
 
 
 def _fsspec():
@@ -65,20 +56,68 @@ def _is_missing(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError)
 
 
+def _unwrapped(exc: BaseException) -> BaseException:
+    """The error that decides what to do. fsspec's HTTP filesystem reports *any* failed
+    ``info`` (connection refused, a timeout, a 503) as FileNotFoundError raised from the
+    real cause; only a 404/410 (or a FileNotFoundError without a cause) means missing."""
+    cause = exc.__cause__
+    if isinstance(exc, FileNotFoundError) and cause is not None and \
+            not isinstance(cause, FileNotFoundError) and \
+            getattr(cause, "status", None) not in (404, 410):
+        return cause
+    return exc
+
+
 def _is_permanent(exc: BaseException) -> bool:
     """Errors that retrying cannot fix: refused credentials, bad requests."""
     return isinstance(exc, (PermissionError, ValueError, TypeError, NotImplementedError))
 
 
+#: Per storage endpoint (scheme://host or bucket), in this process: when it started
+#: failing and when it last failed; dropped as soon as it answers. Reads share the
+#: outage's clock, so with many groups in flight the run stops one deadline after storage
+#: went away, not one deadline per group.
+_failing: dict[str, tuple[float, float]] = {}
+_failing_lock = threading.Lock()
+
+
+def _answered(endpoint: str) -> None:
+    if endpoint in _failing:
+        with _failing_lock:
+            _failing.pop(endpoint, None)
+
+
+def _outage_start(endpoint: str, policy: RetryPolicy) -> float:
+    """When the endpoint's current outage began; a failure long after the last one (nobody
+    was retrying: more than one backoff step and request timeout apart) starts a new one."""
+    now = time.monotonic()
+    with _failing_lock:
+        start, last = _failing.get(endpoint, (now, now))
+        if now - last > policy.maximum + policy.request_timeout + 1.0:
+            start = now
+        _failing[endpoint] = (start, now)
+    return start
+
+
+def _endpoint(location: str) -> str:
+    scheme, _, rest = location.partition("://")
+    return f"{scheme.lower()}://{rest.split('/', 1)[0]}"
+
+
 def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
                  offset: int | None) -> T:
     """`what()`, retried on transient errors (module docstring)."""
-    start = None
+    endpoint = _endpoint(location)
     delay = policy.initial
     while True:
         try:
-            return what()
-        except Exception as exc:  # noqa: BLE001 - classified below
+            out = what()
+            _answered(endpoint)
+            return out
+        except Exception as raised:  # noqa: BLE001 - classified below
+            exc = _unwrapped(raised)
+            if _is_missing(exc) or _is_permanent(exc):
+                _answered(endpoint)
             if _is_missing(exc):
                 raise BadSampleError("missing_shard", base_name(location),
                                      f"{location} does not exist") from None
@@ -87,31 +126,54 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
             if _is_permanent(exc):
                 raise StorageError(f"cannot read {where}: {cause}. Check the URL and the "
                                    "storage credentials/configuration.") from exc
+            start = _outage_start(endpoint, policy)
             now = time.monotonic()
-            start = now if start is None else start
             if now - start >= policy.deadline:
                 raise StorageError(
                     f"cannot read {where}: still failing after {now - start:.1f} s of retries "
                     f"(deadline {policy.deadline} s); last error {cause}. The run stops "
                     "rather than skip data: fix the storage, then resume from the last "
-                    "checkpoint (or raise RetryPolicy.deadline).") from exc
+                    "checkpoint (or raise Execution.retry.deadline, --retry-deadline).") from exc
             log.warning("reading %s failed (%s); retrying in %.1f s", where, cause, delay)
             time.sleep(min(delay, max(0.0, policy.deadline - (now - start))))
             delay = min(delay * 2, policy.maximum)
 
 
-#: Per-scheme client options: retrying is this module's job (one deadline for every
-#: scheme), so the client's own retry loop is cut short; botocore would otherwise try
-#: each request about 25 times over ~9 s before we see the failure.
-_CLIENT_OPTIONS: dict[str, dict] = {
-    "s3": {"config_kwargs": {"retries": {"max_attempts": 1}}},
-}
+def _client_options(scheme: str, policy: RetryPolicy) -> dict[str, Any]:
+    """Per-scheme client options. Retrying is this module's job (one deadline for every
+    scheme), so the client's own retry loop is cut short (botocore would otherwise try each
+    request about 25 times over ~9 s before we see the failure), and every request gets
+    `policy.request_timeout`, so a server that never answers is a failure, not a hang."""
+    t = policy.request_timeout
+    if scheme in ("s3", "s3a"):
+        return {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": t,
+                                  "read_timeout": t}}
+    if scheme in ("http", "https"):
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, connect=t,
+                                                                   sock_read=t)}}
+    return {}  # gs:// (gcsfs) keeps its own timeouts: untested here, so not guessed at
 
 
-def _filesystem(location: str):
+def _filesystem(location: str, policy: RetryPolicy):
+    """fsspec's filesystem for `location` (cached per process and options) and its path."""
+    fsspec = _fsspec()
     scheme = location.partition("://")[0].lower()
-    fs, path = _fsspec().core.url_to_fs(location, **_CLIENT_OPTIONS.get(scheme, {}))
-    if scheme == "s3":
+    try:
+        fs, path = fsspec.core.url_to_fs(location, **_client_options(scheme, policy))
+    except ImportError as e:
+        from fsspec.registry import known_implementations
+
+        known = known_implementations.get(scheme, {})
+        package = known.get("class", "?").split(".")[0]
+        fix = f"pip install {package}" if package not in ("fsspec", "?") else \
+            "pip install 'zephon-vl[remote]'"
+        raise ConfigError(f"reading {scheme}:// URLs ({base_name(location)}) needs a package "
+                          f"that is not installed: {known.get('err') or e}. Fix: {fix}") from None
+    except ValueError as e:
+        raise ConfigError(f"{location}: no filesystem for {scheme}:// ({e})") from None
+    if scheme in ("s3", "s3a"):
         fs.retries = 1
     return fs, path
 
@@ -126,9 +188,11 @@ def _identity(info: dict) -> str:
     return "unknown"
 
 
-def remote_stat(location: str, policy: RetryPolicy = DEFAULT_RETRY) -> FileStat:
-    """Size and ETag (or modification time) of an object, fresh from the server."""
-    fs, path = _filesystem(location)
+def remote_stat(location: str, policy: RetryPolicy | None = None) -> FileStat:
+    """Size and ETag (or modification time) of an object, fresh from the server
+    (`policy` None: the thread's `current_storage().retry`)."""
+    policy = policy or current_storage().retry
+    fs, path = _filesystem(location, policy)
 
     def info() -> dict:
         fs.invalidate_cache(path)
@@ -139,12 +203,16 @@ def remote_stat(location: str, policy: RetryPolicy = DEFAULT_RETRY) -> FileStat:
 
 
 class RemoteFile:
-    """A shard behind a URL, read by byte range (the `StoredFile` protocol)."""
+    """A shard behind a URL, read by byte range (the `StoredFile` protocol).
 
-    def __init__(self, location: str, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+    With `policy` None, each read uses the policy installed for the calling
+    thread (`current_storage()`), so one open handle serves every Loader.
+    """
+
+    def __init__(self, location: str, policy: RetryPolicy | None = None) -> None:
         self.location = location
         self.policy = policy
-        self._fs, self._path = _filesystem(location)
+        self._client: tuple[RetryPolicy, Any, str] | None = None
         st = remote_stat(location, policy)
         self.size, self.identity = st.size, st.identity
 
@@ -152,11 +220,16 @@ class RemoteFile:
         end = min(offset + length, self.size)
         if end <= offset:
             return b""
-        return with_retries(lambda: self._fs.cat_file(self._path, start=offset, end=end),
-                            self.policy, self.location, offset)
+        policy = self.policy or current_storage().retry
+        if self._client is None or self._client[0] != policy:
+            self._client = (policy, *_filesystem(self.location, policy))
+        _, fs, path = self._client
+        return with_retries(lambda: fs.cat_file(path, start=offset, end=end),
+                            policy, self.location, offset)
 
     def close(self) -> None:
         """Nothing to close: the filesystem's connection pool is shared by the process."""
 
     def forget(self) -> None:
-        """In a forked child: nothing inherited needs closing (fsspec starts a new client)."""
+        """In a forked child: drop the parent's client (fsspec starts a new one)."""
+        self._client = None

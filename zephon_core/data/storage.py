@@ -14,15 +14,24 @@ logs or fingerprints them, and URLs are never resolved as local paths.
 ``identity`` says which version of the bytes a handle reads: the mtime for a
 local file, the ETag (or mtime) for an object. An index built for one
 identity is rebuilt, or refused, when it changes.
+
+How to retry and how far to coalesce reads are execution settings
+(`zephon_core.engine.execution.Execution.retry` and ``.coalesce``): they
+change when bytes arrive, never which. The engine installs them for the
+thread that runs a stage or builds a Loader with `storage_settings`; code
+below reads them with `current_storage()`, so readers pickled into workers
+need not carry them and no fingerprint sees them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from zephon_core.errors import BadSampleError
 
@@ -50,6 +59,67 @@ def local_path(location: str | os.PathLike) -> Path:
 def base_name(location: str | os.PathLike) -> str:
     """The last path component (``shard-000001.tar``), for names in errors and fingerprints."""
     return os.fspath(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep retrying a failing read: backoff from `initial` doubling up to
+    `maximum` seconds between tries, until `deadline` seconds after the endpoint started
+    failing (one clock per process and endpoint, shared by all reads in flight).
+    `request_timeout` bounds one request, so a server that accepts a connection and never
+    answers counts as a failure (and is retried) instead of hanging the reader.
+    Never part of a fingerprint: retries change when a batch comes, not what it holds."""
+
+    deadline: float = 120.0
+    initial: float = 0.2
+    maximum: float = 10.0
+    request_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Coalesce:
+    """How a group's samples from one remote shard are merged into range requests.
+
+    Samples of one shard whose byte ranges are at most `max_gap` bytes apart are
+    fetched with one request of at most `max_bytes` (0: one request per sample).
+    Remote requests cost milliseconds each, so reading a small gap is cheaper
+    than a second request; local files (``pread``) are never coalesced.
+    """
+
+    max_bytes: int = 8 << 20
+    max_gap: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """The storage half of `Execution`, as installed for a thread (`storage_settings`)."""
+
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    coalesce: Coalesce = field(default_factory=Coalesce)
+
+
+DEFAULT_STORAGE = StorageSettings()
+_installed = threading.local()
+
+
+def current_storage() -> StorageSettings:
+    """The settings installed for this thread, else the defaults."""
+    stack = getattr(_installed, "stack", None)
+    return stack[-1] if stack else DEFAULT_STORAGE
+
+
+@contextmanager
+def storage_settings(settings: StorageSettings | None) -> Iterator[None]:
+    """Install `settings` for this thread for the duration (None: leave as is)."""
+    if settings is None:
+        yield
+        return
+    stack = _installed.__dict__.setdefault("stack", [])
+    stack.append(settings)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +177,15 @@ class LocalFile:
         self.close()
 
 
-def stat_shard(location: str | os.PathLike, retry: Any = None) -> FileStat:
+def stat_shard(location: str | os.PathLike, retry: RetryPolicy | None = None) -> FileStat:
     """Size and identity of a shard without opening it for reading.
 
-    `retry` (a `zephon_core.data.remote.RetryPolicy`) applies to URLs only.
+    `retry` applies to URLs only (None: the thread's `current_storage()`).
     """
     if is_remote(location):
-        from zephon_core.data.remote import DEFAULT_RETRY, remote_stat
+        from zephon_core.data.remote import remote_stat
 
-        return remote_stat(os.fspath(location), retry or DEFAULT_RETRY)
+        return remote_stat(os.fspath(location), retry)
     try:
         st = local_path(location).stat()
     except FileNotFoundError:
@@ -123,16 +193,16 @@ def stat_shard(location: str | os.PathLike, retry: Any = None) -> FileStat:
     return FileStat(st.st_size, f"mtime_ns:{st.st_mtime_ns}")
 
 
-def open_shard(location: str | os.PathLike, retry: Any = None) -> StoredFile:
+def open_shard(location: str | os.PathLike, retry: RetryPolicy | None = None) -> StoredFile:
     """A `StoredFile` for a path or URL (see the module docstring); `retry` as `stat_shard`."""
     if is_remote(location):
-        from zephon_core.data.remote import DEFAULT_RETRY, RemoteFile
+        from zephon_core.data.remote import RemoteFile
 
-        return RemoteFile(os.fspath(location), retry or DEFAULT_RETRY)
+        return RemoteFile(os.fspath(location), retry)
     return LocalFile(location)
 
 
-def read_whole(location: str | os.PathLike, retry: Any = None) -> bytes:
+def read_whole(location: str | os.PathLike, retry: RetryPolicy | None = None) -> bytes:
     """All bytes of a small file (a manifest, a sidecar index) at a path or URL.
 
     A missing local file raises `FileNotFoundError`, so callers can say how to

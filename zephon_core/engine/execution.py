@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
+from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
 from zephon_core.engine.runners import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
@@ -60,7 +61,8 @@ class Execution:
     ``LOCAL_WORLD_SIZE``, at least 1), thread stages to one thread; an explicit
     setting wins.
     Consecutive transforms with the same runner and worker count are fused
-    into one stage (one worker call per group).
+    into one stage (one worker call per group). `retry` and `coalesce` govern
+    reads from URLs (docs/storage.md); every stage carries them to its workers.
     """
 
     runner: str = "auto"
@@ -89,6 +91,10 @@ class Execution:
     #: than every sample (None: never). The point where it stops is a function of the
     #: lane's data, not of timing, so every run stops at the same sample
     stall_drops: int | None = 2000
+    #: how reads from URLs are retried (`RetryPolicy`): a deadline, never a skipped sample
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: how a group's neighbouring samples in one remote shard share a range request
+    coalesce: Coalesce = field(default_factory=Coalesce)
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
@@ -105,6 +111,17 @@ class Execution:
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")
+        r = self.retry
+        if not (r.deadline >= 0 and r.initial > 0 and r.maximum > 0 and r.request_timeout > 0):
+            raise ConfigError(f"retry: deadline must be >= 0 and initial, maximum and "
+                              f"request_timeout > 0 seconds, not {r}")
+        if self.coalesce.max_bytes < 0 or self.coalesce.max_gap < 0:
+            raise ConfigError(f"coalesce: max_bytes and max_gap must be >= 0, not "
+                              f"{self.coalesce}")
+
+    def storage(self) -> StorageSettings:
+        """The settings the engine installs wherever shards are opened and read."""
+        return StorageSettings(self.retry, self.coalesce)
 
     def runner_for(self, t: Transform) -> tuple[str, int]:
         kind = self.runners.get(t.name, self.runner)

@@ -15,6 +15,7 @@ from typing import Any
 
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import DatasetOrder, LaneSource
+from zephon_core.data.storage import storage_settings
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
@@ -111,13 +112,14 @@ class Loader:
         self.execution = execution or Execution()
         self.digests = digests or ledger is not None
         self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests)
-        self.fingerprint = recipe.fingerprint()
-        self._keys = reader_keys(recipe) if self.digests else None
+        with storage_settings(self.execution.storage()):  # shard stats and indexes: URLs
+            self.fingerprint = recipe.fingerprint()
+            self._keys = reader_keys(recipe) if self.digests else None
+            sizes = [shard_lengths(d.reader) for d in recipe.datasets]
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
         self.gather = gather
-        sizes = [shard_lengths(d.reader) for d in recipe.datasets]
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
@@ -179,7 +181,8 @@ class Loader:
         """Run the lanes; a failure leaves the loader unusable rather than silently short."""
         self._check_usable()
         try:
-            return self._advance_lanes()
+            with storage_settings(self.execution.storage()):
+                return self._advance_lanes()
         except BaseException as exc:
             self._failed = exc
             raise

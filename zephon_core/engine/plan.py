@@ -83,12 +83,14 @@ class Plan:
     def stage_fn(self, stage: Stage) -> StageFn:
         """With `digests` (the ledger), the last transform stage hashes each sample it makes."""
         return StageFn(list(stage.ops),  # type: ignore[arg-type]
-                       digests=self.digests and stage.index == self.last_transform)
+                       digests=self.digests and stage.index == self.last_transform,
+                       storage=self.execution.storage())
 
     def prefix_fn(self, upto: int) -> StageFn:
         """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""
         return StageFn([op for s in self.stages[:upto] if s.kind == "transform"
-                        for op in s.ops])  # type: ignore[misc]
+                        for op in s.ops],  # type: ignore[misc]
+                       storage=self.execution.storage())
 
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution

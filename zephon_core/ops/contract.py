@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from zephon_core.common.digest import sample_digest
+from zephon_core.data.storage import StorageSettings, storage_settings
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.records import Dropped, Element, Origin
 
@@ -243,12 +244,20 @@ class StageFn:
     #: the stage that makes the combiner's payloads with the ledger on: each output goes back
     #: as `Digested`, hashed here in the worker so the driver only combines digests
     digests: bool = False
+    #: `Execution.storage()`, installed around every call (so workers of any runner retry
+    #: and coalesce as the Execution says; None: the calling thread's)
+    storage: StorageSettings | None = None
 
     def setup(self) -> None:
-        for t in self.transforms:
-            t.setup()
+        with storage_settings(self.storage):
+            for t in self.transforms:
+                t.setup()
 
     def __call__(self, elements: list[Element]) -> list[Any]:
+        with storage_settings(self.storage):
+            return self._run(elements)
+
+    def _run(self, elements: list[Element]) -> list[Any]:
         outputs: list[Any] = [e.payload for e in elements]
         for t in self.transforms:
             live = [i for i, o in enumerate(outputs) if not isinstance(o, Dropped)]

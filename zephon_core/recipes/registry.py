@@ -108,6 +108,12 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
         fields = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    for key in ("retry", "execution"):
+        if key in fields:
+            raise ConfigError(f"{path}: [{key}] is an execution setting, not the recipe's (it "
+                              "never changes a batch): set Execution(retry=RetryPolicy(...)), "
+                              "--retry-deadline on the command line, or retry_deadline in the "
+                              "TorchTitan config")
     kind = fields.pop("kind", "text")
     if kind not in _KINDS:
         raise ConfigError(f"{path}: unknown recipe kind {kind!r}; known: {sorted(_KINDS)}")

@@ -9,9 +9,12 @@ from zephon_vl.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shards", nargs="+", help="shard paths or URLs (s3://, gs://, https://...)")
-    p.add_argument("--out", required=True, help="the manifest to write (a local .json path); "
+    p.add_argument("shards", nargs="*", help="shard paths or URLs (s3://, gs://, https://...)")
+    p.add_argument("--out", help="the manifest to write (a local .json path); "
                    "sidecar indexes go to the folder beside it named <manifest>.indexes")
+    p.add_argument("--refresh", metavar="MANIFEST",
+                   help="instead: re-index the shards of this manifest whose size or "
+                   "ETag/mtime changed, rewrite their entries and name them")
     p.add_argument("--no-content-hash", action="store_true",
                    help="skip the SHA-256 of each shard's bytes (faster over slow storage; the "
                    "fingerprint then cannot catch an edit that keeps a shard's size)")
@@ -19,12 +22,33 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 @command("index", "index WebDataset shards and write a dataset manifest", _args)
 def cmd_index(args: argparse.Namespace) -> int:
+    from zephon_core import ConfigError
     from zephon_vl.wds.manifest import build_manifest
 
+    if args.refresh:
+        if args.shards or args.out:
+            raise ConfigError("zephon-vl index: give either --refresh MANIFEST or "
+                              "SHARD... --out MANIFEST, not both")
+        return _refresh(args.refresh)
+    if not args.shards or not args.out:
+        raise ConfigError("zephon-vl index: give SHARD... --out MANIFEST (or --refresh "
+                          "MANIFEST)")
     t0 = time.perf_counter()
     entries = build_manifest(args.shards, args.out, content_hash=not args.no_content_hash)
     samples = sum(e.num_samples for e in entries)
     size = sum(e.size for e in entries)
     print(f"{args.out}: {len(entries)} shards, {samples} samples, {size / 1e6:.1f} MB, "
           f"indexed in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _refresh(manifest: str) -> int:
+    from zephon_vl.wds.manifest import refresh_manifest
+
+    changes = refresh_manifest(manifest)
+    for change in changes:
+        print(f"re-indexed {change.describe()}")
+    print(f"{manifest}: {len(changes)} changed shard(s) re-indexed"
+          + ("; checkpoints of the old bytes will be refused by their fingerprint"
+             if changes else ", nothing rewritten"))
     return 0

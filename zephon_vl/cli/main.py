@@ -7,7 +7,14 @@ import json
 import sys
 from collections.abc import Callable
 
-from zephon_core import Execution, ZephonError, parse_runners, parse_workers
+from zephon_core import (
+    Coalesce,
+    Execution,
+    RetryPolicy,
+    ZephonError,
+    parse_runners,
+    parse_workers,
+)
 from zephon_core.engine.runners import RUNNERS
 
 Command = Callable[[argparse.Namespace], int]
@@ -38,6 +45,12 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
                    help="groups in flight per lane and stage (default: two per worker over the "
                    "rank's lanes, at least 2)")
     g.add_argument("--prefetch-steps", type=int, default=Execution.prefetch_steps)
+    g.add_argument("--retry-deadline", type=float, default=RetryPolicy.deadline,
+                   metavar="SECONDS", help="keep retrying a failing read from a URL this "
+                   "long, then stop naming the shard and offset (never a skipped sample)")
+    g.add_argument("--coalesce-bytes", type=int, default=Coalesce.max_bytes, metavar="BYTES",
+                   help="largest range request that merges neighbouring samples of one "
+                   "remote shard (0: one request per sample)")
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -58,7 +71,9 @@ def execution_from(args: argparse.Namespace) -> Execution:
     return Execution(runner=args.runner, workers=parse_workers(args.workers),
                      runners=parse_runners(args.op_runner), default_workers=args.default_workers,
                      group_size=args.group_size, prefetch=args.prefetch,
-                     prefetch_steps=args.prefetch_steps)
+                     prefetch_steps=args.prefetch_steps,
+                     retry=RetryPolicy(deadline=args.retry_deadline),
+                     coalesce=Coalesce(max_bytes=args.coalesce_bytes))
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:

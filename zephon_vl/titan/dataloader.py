@@ -41,7 +41,16 @@ from typing import Any
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_core import CheckpointError, ConfigError, Execution, Loader, load_recipe, parse_workers
+from zephon_core import (
+    CheckpointError,
+    Coalesce,
+    ConfigError,
+    Execution,
+    Loader,
+    RetryPolicy,
+    load_recipe,
+    parse_workers,
+)
 from zephon_core.engine.state_check import parse_state
 from zephon_vl.families.base import TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
@@ -149,6 +158,14 @@ class ZephonDataLoader(BaseDataLoader):
         """Groups in flight per lane and stage; 0 = two per worker over the rank's lanes."""
 
         prefetch_steps: int = Execution.prefetch_steps
+        retry_deadline: float = RetryPolicy.deadline
+        """Seconds to keep retrying a failing read from a URL (s3://, https://...) before
+        the run stops naming the shard and offset; a read is never skipped."""
+
+        coalesce_bytes: int = Coalesce.max_bytes
+        """Largest range request merging neighbouring samples of one remote shard
+        (0: one request per sample)."""
+
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
 
@@ -236,7 +253,9 @@ class ZephonDataLoader(BaseDataLoader):
                                    group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps,
                                    stall_seconds=config.stall_seconds,
-                                   stall_drops=config.stall_drops)
+                                   stall_drops=config.stall_drops,
+                                   retry=RetryPolicy(deadline=config.retry_deadline),
+                                   coalesce=Coalesce(max_bytes=config.coalesce_bytes))
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background,
                              ledger=config.ledger or None)

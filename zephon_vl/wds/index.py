@@ -44,6 +44,7 @@ import re
 import tarfile
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from zephon_core.data.storage import (
     StoredFile,
     StoredFileIO,
     base_name,
+    current_storage,
     is_remote,
     local_path,
     open_shard,
@@ -372,8 +374,9 @@ def shard_changed_error(name: str, field: str, indexed: Any, now: Any) -> Zephon
     """The refusal for a shard whose bytes are not those its index describes."""
     return ZephonError(
         f"shard {name} changed since it was indexed: {field} was {indexed}, is now {now}. "
-        "Its sample offsets no longer apply. Re-index it (zephon-vl index, or delete its "
-        ".zidx.json) and start the run again; a checkpoint of the old data will be refused.")
+        "Its sample offsets no longer apply. Re-index it (from a manifest: zephon-vl index "
+        "--refresh MANIFEST; else delete its .zidx.json) and start the run again; a "
+        "checkpoint of the old data will be refused.")
 
 
 class _OpenShards:
@@ -388,14 +391,14 @@ class _OpenShards:
         self.lock = threading.Lock()
         self.files: OrderedDict[int, list[Any]] = OrderedDict()  # shard -> [file, users]
 
-    def acquire(self, s: int, location: str | Path, idx: ShardIndex, retry: Any) -> StoredFile:
+    def acquire(self, s: int, location: str | Path, idx: ShardIndex) -> StoredFile:
         with self.lock:
             entry = self.files.get(s)
             if entry is not None:
                 self.files.move_to_end(s)
                 entry[1] += 1
                 return entry[0]
-        stored = open_shard(location, retry)
+        stored = open_shard(location)
         for field, indexed, now in (("size", idx.size, stored.size),
                                     ("identity", idx.identity, stored.identity)):
             if indexed != now:
@@ -467,8 +470,8 @@ class WebDatasetReader:
     shard's sidecar is read only when a sample of it is, so building a Loader
     opens no shard at all. With `content_hash` (the default) the index holds a
     SHA-256 of the shard's bytes, which the checkpoint fingerprint carries.
-    `retry` (a `zephon_core.data.remote.RetryPolicy`) governs reads from URLs;
-    it never changes a sample.
+    How reads from URLs are retried and coalesced is the Execution's
+    (`Execution.retry`, `Execution.coalesce`), never the reader's.
 
     Picklable: the indexes loaded so far travel with it (so workers see exactly
     the samples the parent counted), open shards do not. Each process opens
@@ -482,7 +485,6 @@ class WebDatasetReader:
         max_open_files: int = 128,
         content_hash: bool = True,
         entries: list[ShardEntry] | None = None,
-        retry: Any = None,
     ) -> None:
         self.shards: list[str | Path] = [
             os.fspath(s) if is_remote(s) else local_path(s) for s in shards]
@@ -492,7 +494,6 @@ class WebDatasetReader:
         self.max_open_files = max_open_files
         self.content_hash = content_hash
         self.entries = entries
-        self.retry = retry
         self._indexes: list[ShardIndex | None] = [None] * len(self.shards)
         self._init_runtime()
 
@@ -513,7 +514,6 @@ class WebDatasetReader:
             "max_open_files": self.max_open_files,
             "content_hash": self.content_hash,
             "entries": self.entries,
-            "retry": self.retry,
             "indexes": self._indexes,
         }
 
@@ -523,7 +523,6 @@ class WebDatasetReader:
         self.max_open_files = state["max_open_files"]
         self.content_hash = state["content_hash"]
         self.entries = state["entries"]
-        self.retry = state["retry"]
         self._indexes = state["indexes"]
         self._init_runtime()
 
@@ -549,10 +548,10 @@ class WebDatasetReader:
 
     def _load(self, s: int) -> ShardIndex:
         if self.entries is None:
-            return load_index(self.shards[s], self.cache_dir, self.content_hash, self.retry)
+            return load_index(self.shards[s], self.cache_dir, self.content_hash)
         entry = self.entries[s]
         try:
-            idx = read_index_file(entry.index, self.retry)
+            idx = read_index_file(entry.index)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             raise ZephonError(f"cannot read the index {entry.index} of shard "
                               f"{base_name(entry.url)} named by the manifest ({e}); "
@@ -593,6 +592,56 @@ class WebDatasetReader:
 
         The members of a sample are contiguous in the tar, so they come in one read.
         """
+        idx, out, span = self._prepare(s, i)
+        if span is not None:
+            self._fill(idx, i, out, self._fetch(s, idx, i, *span), span[0])
+        return out
+
+    def read_many(self, pointers: Sequence[tuple[int, int]]) -> list[dict[str, bytes | str]]:
+        """`read` of each ``(shard, index)``, in order; samples of one remote shard whose
+        bytes lie close together come in one range request.
+
+        Within the thread's `current_storage().coalesce` bounds (set by
+        `Execution.coalesce`): ranges at most ``max_gap`` bytes apart merge into
+        one request of at most ``max_bytes``. Local shards are read sample by
+        sample (``pread`` costs microseconds). The bytes are the same either way.
+        """
+        co = current_storage().coalesce
+        out: list[Any] = [None] * len(pointers)
+        by_shard: dict[int, list[tuple[int, int, int, int]]] = {}
+        for j, (s, i) in enumerate(pointers):
+            idx, sample, span = self._prepare(s, i)
+            out[j] = sample
+            if span is None:
+                continue
+            if co.max_bytes <= 0 or not is_remote(self.shards[s]):
+                self._fill(idx, i, sample, self._fetch(s, idx, i, *span), span[0])
+            else:
+                by_shard.setdefault(s, []).append((span[0], span[1], j, i))
+        for s, spans in by_shard.items():
+            spans.sort()
+            run = [spans[0]]
+            for span in spans[1:]:
+                lo, hi = run[0][0], max(r[1] for r in run)
+                if span[0] - hi <= co.max_gap and max(hi, span[1]) - lo <= co.max_bytes:
+                    run.append(span)
+                else:
+                    self._read_run(s, run, out)
+                    run = [span]
+            self._read_run(s, run, out)
+        return out
+
+    def _read_run(self, s: int, run: list[tuple[int, int, int, int]], out: list[Any]) -> None:
+        """One request for a run of samples of shard `s` (`read_many`)."""
+        idx = self.index(s)
+        lo, hi = run[0][0], max(r[1] for r in run)
+        data = self._fetch(s, idx, run[0][3], lo, hi)
+        for _, _, j, i in run:
+            self._fill(idx, i, out[j], data, lo)
+
+    def _prepare(self, s: int, i: int) -> tuple[ShardIndex, dict[str, Any], tuple | None]:
+        """Checks before a read: the index, the sample's header fields and its byte span
+        (None when it has no members)."""
         idx = self._indexes[s] or self.index(s)
         if not 0 <= i < len(idx.keys):
             raise IndexError(f"sample {i} out of range for {idx.name} ({len(idx.keys)} samples)")
@@ -603,29 +652,33 @@ class WebDatasetReader:
         if self._pid != os.getpid():
             self._after_fork()
         members = idx.members[i]
-        out: dict[str, bytes | str] = {"__key__": key, "__shard__": idx.name}
+        out: dict[str, Any] = {"__key__": key, "__shard__": idx.name}
         if not members:
-            return out
-        start = min(o for _, o, _ in members)
-        stop = max(o + n for _, o, n in members)
+            return idx, out, None
+        return idx, out, (min(o for _, o, _ in members), max(o + n for _, o, n in members))
+
+    def _fetch(self, s: int, idx: ShardIndex, i: int, start: int, stop: int) -> bytes:
         try:
-            stored = self._open.acquire(s, self.shards[s], idx, self.retry)
+            stored = self._open.acquire(s, self.shards[s], idx)
         except BadSampleError as e:
-            raise BadSampleError(e.reason, f"{idx.name}:{key}", e.detail) from None
+            raise BadSampleError(e.reason, f"{idx.name}:{idx.keys[i]}", e.detail) from None
         try:
-            data = stored.read_at(start, stop - start)
+            return stored.read_at(start, stop - start)
         finally:
             self._open.release(s)
-        for ext, offset, size in members:
-            if offset + size - start > len(data):
+
+    @staticmethod
+    def _fill(idx: ShardIndex, i: int, out: dict[str, Any], data: bytes, base: int) -> None:
+        """Cut sample `i`'s members out of `data`, which holds the shard's bytes from `base`."""
+        for ext, offset, size in idx.members[i]:
+            if offset + size - base > len(data):
                 raise BadSampleError(
                     "truncated_member",
-                    f"{idx.name}:{key}",
-                    f"{ext}: read {max(0, len(data) - (offset - start))} of {size} bytes at "
+                    f"{idx.name}:{idx.keys[i]}",
+                    f"{ext}: read {max(0, len(data) - (offset - base))} of {size} bytes at "
                     f"offset {offset}; the shard is shorter than when it was indexed",
                 )
-            out[ext] = data[offset - start:offset - start + size]
-        return out
+            out[ext] = data[offset - base:offset - base + size]
 
     def close(self) -> None:
         """Close this process's open shards (they reopen on the next read)."""

@@ -14,8 +14,10 @@ single small file, whatever the number of shards. Written by
 
 ``index`` is relative to the manifest (or a full path/URL). A shard whose size
 or identity no longer matches its entry is refused, naming the shard and the
-field, the first time it is opened; run ``zephon-vl index`` again to accept
-the new bytes (a checkpoint of the old ones is then refused by its fingerprint).
+field, the first time it is opened. To accept the new bytes, the user asks:
+``zephon-vl index --refresh MANIFEST`` re-indexes only the changed shards and
+rewrites their entries (`refresh_manifest`); a checkpoint of the old bytes is
+then refused by its fingerprint.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from zephon_core.common.files import atomic_write
-from zephon_core.data.storage import base_name, is_remote, local_path, read_whole
+from zephon_core.data.storage import base_name, is_remote, local_path, read_whole, stat_shard
 from zephon_core.errors import ConfigError
 from zephon_vl.wds.index import ShardEntry, WebDatasetReader, load_index
 
@@ -66,12 +69,66 @@ def build_manifest(shards: Sequence[str | os.PathLike], out: str | os.PathLike,
         rel = f"{folder.name}/{i:06d}-{idx.name}.zidx.json"
         atomic_write(out.parent / rel, json.dumps(idx.to_json(), separators=(",", ":")))
         entries.append(ShardEntry(location, idx.size, idx.identity, len(idx), idx.sha256, rel))
-    doc = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-           "shards": [{"url": e.url, "size": e.size, "identity": e.identity,
-                       "num_samples": e.num_samples, "sha256": e.sha256, "index": e.index}
-                      for e in entries]}
-    atomic_write(out, json.dumps(doc, indent=1))
+    atomic_write(out, json.dumps(_document(entries), indent=1))
     return entries
+
+
+def _document(entries: Sequence[ShardEntry]) -> dict[str, Any]:
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+            "shards": [{"url": e.url, "size": e.size, "identity": e.identity,
+                        "num_samples": e.num_samples, "sha256": e.sha256, "index": e.index}
+                       for e in entries]}
+
+
+@dataclass(frozen=True)
+class ShardChange:
+    """One shard that `refresh_manifest` re-indexed: what differed from its old entry."""
+
+    url: str
+    fields: dict[str, tuple[Any, Any]]  # field -> (in the manifest, now)
+
+    def describe(self) -> str:
+        return f"{base_name(self.url)}: " + ", ".join(
+            f"{f} {was} -> {now}" for f, (was, now) in self.fields.items())
+
+
+def refresh_manifest(manifest: str | os.PathLike, retry: Any = None,
+                     cache_dir: str | os.PathLike | None = None) -> list[ShardChange]:
+    """Re-index the shards of a local `manifest` whose size or identity changed, and rewrite
+    their entries; unchanged shards are only stat'ed. Returns the changes (none: the file is
+    left as it was)."""
+    path = Path(manifest)
+    if is_remote(os.fspath(manifest)):
+        raise ConfigError(f"{os.fspath(manifest)}: refresh a local copy of the manifest "
+                          "(index paths are relative to it), then upload it")
+    entries = load_manifest(path, retry)
+    raw = json.loads(path.read_text())["shards"]
+    folder = index_folder(path)
+    changes = []
+    for i, (entry, written) in enumerate(zip(entries, raw, strict=True)):
+        st = stat_shard(entry.url, retry)
+        fields = {f: (was, now) for f, was, now in (("size", entry.size, st.size),
+                                                    ("identity", entry.identity, st.identity))
+                  if was != now}
+        if not fields:
+            continue
+        idx = load_index(entry.url, cache_dir, entry.sha256 is not None, retry)
+        for f, was, now in (("num_samples", entry.num_samples, len(idx)),
+                            ("sha256", entry.sha256, idx.sha256)):
+            if was != now:
+                fields[f] = (was, now)
+        rel = str(written["index"])
+        if is_remote(rel) or Path(rel).is_absolute():
+            rel = f"{folder.name}/{i:06d}-{idx.name}.zidx.json"
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(path.parent / rel, json.dumps(idx.to_json(), separators=(",", ":")))
+        raw[i] = {"url": entry.url, "size": idx.size, "identity": idx.identity,
+                  "num_samples": len(idx), "sha256": idx.sha256, "index": rel}
+        changes.append(ShardChange(entry.url, fields))
+    if changes:
+        atomic_write(path, json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+                                       "shards": raw}, indent=1))
+    return changes
 
 
 def _resolve(manifest: str, rel: str) -> str:
@@ -105,10 +162,9 @@ def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardE
         raise ConfigError(f"manifest {text}: malformed shard entry ({e!r})") from None
 
 
-def reader_from_manifest(location: str | os.PathLike, retry: Any = None,
-                         **options: Any) -> WebDatasetReader:
+def reader_from_manifest(location: str | os.PathLike, **options: Any) -> WebDatasetReader:
     """A `WebDatasetReader` whose lengths and fingerprint come from the manifest alone."""
-    entries = load_manifest(location, retry)
+    entries = load_manifest(location)
     if not entries:
         raise ConfigError(f"manifest {os.fspath(location)} lists no shards")
-    return WebDatasetReader([e.url for e in entries], entries=entries, retry=retry, **options)
+    return WebDatasetReader([e.url for e in entries], entries=entries, **options)
