@@ -80,6 +80,16 @@ class Execution:
     #: surfaces, naming its samples, before torch's 10-minute collective timeout kills
     #: the job with no hint
     group_timeout: float | None = 300.0
+    #: bytes of finished documents (decoded pixels, tokens: packer bins, rows waiting for
+    #: their step, prefetched steps) one rank's lanes may hold before they stop drawing
+    #: new samples (backpressure, never drops; None: no bound). See `engine/backlog.py`
+    #: for what may pass it: a step whose rows alone need more, one document per lane
+    backlog_bytes: int | None = 256 << 20
+    #: with `Loader(background=True)`, where a step is collated: "thread" (a collate
+    #: thread of its own, so the driver keeps running the lanes meanwhile) or "driver"
+    collate_in: str = "thread"
+    #: collate into page-locked memory (CUDA hosts), ready for a non_blocking copy
+    pin_memory: bool = False
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
@@ -87,6 +97,11 @@ class Execution:
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
         if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
+        if self.backlog_bytes is not None and self.backlog_bytes < 1:
+            raise ConfigError(f"backlog_bytes must be >= 1 or None (no bound), "
+                              f"not {self.backlog_bytes!r}")
+        if self.collate_in not in ("thread", "driver"):
+            raise ConfigError(f"collate_in must be 'thread' or 'driver', not {self.collate_in!r}")
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")
