@@ -1,6 +1,7 @@
 """How many bytes of finished documents a rank's lanes hold, and backpressure on it.
 
-A *finished document* is a payload that came out of the last transform stage:
+A *finished document* is a payload that a transform stage handed to an
+accumulator (a payload shuffle buffer) or to the combiner:
 its arrays (decoded pixels, tokens) live in the driver, usually as views of
 the workers' shared memory, until the step that uses them has been collated
 and dropped by everyone. Packer bins, rows waiting for their step, steps
@@ -65,6 +66,9 @@ class Backlog:
         # appended by finalizers (any thread, possibly inside the driver's own code):
         # a deque's append is atomic and takes no lock that the driver could hold
         self._freed: deque[int] = deque()
+        #: id -> bytes of every array counted and not yet garbage: a payload that passes
+        #: another accumulator or transform (same arrays) is counted once
+        self._counted: dict[int, int] = {}
 
     @property
     def held(self) -> int:
@@ -76,19 +80,25 @@ class Backlog:
 
     def track(self, payload: Any) -> None:
         """Count a finished document until its arrays are garbage."""
-        size = 0
-        seen: set[int] = set()
+        size = fresh = 0
         for a in _arrays(payload):
-            if a.nbytes < MIN_TRACKED or id(a) in seen:
+            if a.nbytes < MIN_TRACKED:
                 continue
-            seen.add(id(a))
             size += a.nbytes
-            weakref.finalize(a, self._freed.append, a.nbytes).atexit = False
-        if not size:
-            return
-        self._added += size
+            if id(a) in self._counted:
+                continue
+            self._counted[id(a)] = a.nbytes
+            fresh += a.nbytes
+            weakref.finalize(a, self._release, id(a)).atexit = False
         self.largest = max(self.largest, size)
-        self.peak = max(self.peak, self.held)
+        if fresh:
+            self._added += fresh
+            self.peak = max(self.peak, self.held)
+
+    def _release(self, key: int) -> None:
+        # runs in whichever thread drops the last reference: dict.pop and deque.append
+        # are atomic, and no lock is taken that the interrupted code could hold
+        self._freed.append(self._counted.pop(key, 0))
 
     def admits(self, own_count: int, needy: bool) -> bool:
         """May a lane draw one more element? `own_count`: its elements in transforms;

@@ -71,7 +71,6 @@ class LaneRun:
                  backlog: Backlog | None = None) -> None:
         self.lane = lane
         self.backlog = backlog
-        self.last_transform = plan.last_transform
         self.observer = observer
         self.plan = plan
         self.stages = plan.stages
@@ -233,7 +232,7 @@ class LaneRun:
                         if self.digests is not None:
                             self.digests[o] = out.digest
                         out = out.payload
-                    if i == self.last_transform and self.backlog is not None:
+                    if self.backlog is not None and i + 1 not in self.t:
                         self.backlog.track(out)
                     self._to_stage(i + 1, o, out)
                 if self.observer is not None:
@@ -333,7 +332,7 @@ class LaneRun:
             return [o.pointer for o in origins]
         fn.setup()
         outs = fn([Element(element_key(self.seed, o), o.pointer, o) for o in origins])
-        if self.backlog is not None and upto > (self.last_transform or 0):
+        if self.backlog is not None and upto not in self.t:
             for out in outs:
                 self.backlog.track(out)
         return outs

@@ -6,6 +6,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -40,6 +41,8 @@ class StepMeta:
     drops: list[tuple[Origin, str]] = field(default_factory=list)
     #: with sample digests on: this rank's lanes' ledger entries (`ledger.lane_entries`)
     ledger: dict[int, dict] | None = None
+    #: seconds spent collating this step (0 until it is collated; never part of equality)
+    collate_s: float = field(default=0.0, compare=False)
 
     @property
     def tokens(self) -> int:
@@ -332,12 +335,19 @@ class Loader:
         return [_collate_rows(self.recipe.collate, rows[i:i + k], pin)
                 for i in range(0, len(rows), k)]
 
+    def _collate_step(self, step: _Step) -> Any:
+        start = time.perf_counter()
+        batch = self._collate(step.rows)
+        step.meta.collate_s = time.perf_counter() - start
+        return batch
+
     def __next__(self) -> Any:
         if not self.background:
-            rows = self.next_rows()
-            if rows is None:
+            step = self._advance()
+            if step is None:
                 raise StopIteration
-            return self._collate(rows)
+            self._deliver(step)
+            return self._collate_step(step)
         if self._thread is None:
             self._start_background()
         item = self._queue.get()
@@ -387,7 +397,7 @@ class Loader:
                 if self._steps is not None:
                     item = None if step is None else (step, None)
                 else:
-                    item = None if step is None else (step, self._collate(step.rows))
+                    item = None if step is None else (step, self._collate_step(step))
                 if not self._put(out, item, "driver") or item is None:
                     return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
@@ -404,7 +414,7 @@ class Loader:
             if item is not None and not isinstance(item, BaseException):
                 step = item[0]
                 try:
-                    item = (step, self._collate(step.rows))
+                    item = (step, self._collate_step(step))
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
                     self._failed = exc
                     self._unsent["collate"] = (step, None)
