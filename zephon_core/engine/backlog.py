@@ -56,8 +56,11 @@ class Backlog:
     from any thread; `track` and `admits` are for the driver thread.
     """
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, first_group: int = 1) -> None:
         self.limit = limit
+        #: elements in flight before any document has finished (nothing to price them at)
+        self.first_group = first_group
+        self.documents = 0
         self.lanes: Sequence[_Lane] = ()
         self.largest = 0
         self.peak = 0
@@ -90,6 +93,7 @@ class Backlog:
             self._counted[id(a)] = a.nbytes
             fresh += a.nbytes
             weakref.finalize(a, self._release, id(a)).atexit = False
+        self.documents += 1
         self.largest = max(self.largest, size)
         if fresh:
             self._added += fresh
@@ -106,8 +110,8 @@ class Backlog:
         if self.limit is None:
             return True
         in_transforms = sum(lane.transform_count() for lane in self.lanes)
-        if self.largest:
+        if self.documents:
             fits = self.held + (in_transforms + 1) * self.largest <= self.limit
         else:  # nothing finished yet, so no size to price the in-flight work at: one group
-            fits = in_transforms == 0
+            fits = in_transforms < self.first_group
         return fits or (needy and own_count == 0)

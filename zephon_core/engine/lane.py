@@ -16,8 +16,8 @@ from typing import Any
 
 from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
-from zephon_core.engine.backlog import Backlog
 from zephon_core.data.sources import LaneSource, SourceState
+from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner

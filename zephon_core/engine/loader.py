@@ -125,7 +125,7 @@ class Loader:
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
         #: finished documents this rank's lanes hold (`Execution.backlog_bytes` bounds it)
-        self.backlog = Backlog(self.execution.backlog_bytes)
+        self.backlog = Backlog(self.execution.backlog_bytes, self.execution.group_size)
         # A weak reference: torch's registry owns the group, so destroy_process_group frees
         # it and its threads before interpreter shutdown (see checkpoint.gloo_group).
         self._end_group: Callable[[], Any] | None = None
@@ -393,6 +393,11 @@ class Loader:
         out = self._steps if self._steps is not None else self._queue
         try:
             while not self._stop.is_set():
+                if self._steps is not None and not self._steps.empty():
+                    # the collate thread has not taken the last step yet: making another
+                    # now would only hold one more step's documents, never deliver sooner
+                    self._stop.wait(0.002)
+                    continue
                 step = self._advance()
                 if self._steps is not None:
                     item = None if step is None else (step, None)
