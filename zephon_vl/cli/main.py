@@ -38,6 +38,9 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
                    help="groups in flight per lane and stage (default: two per worker over the "
                    "rank's lanes, at least 2)")
     g.add_argument("--prefetch-steps", type=int, default=Execution.prefetch_steps)
+    g.add_argument("--backlog-mb", type=int, default=(Execution.backlog_bytes or 0) >> 20,
+                   help="MiB of finished documents a rank's lanes may hold before they stop "
+                   "drawing (backpressure; 0: no bound)")
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -58,7 +61,8 @@ def execution_from(args: argparse.Namespace) -> Execution:
     return Execution(runner=args.runner, workers=parse_workers(args.workers),
                      runners=parse_runners(args.op_runner), default_workers=args.default_workers,
                      group_size=args.group_size, prefetch=args.prefetch,
-                     prefetch_steps=args.prefetch_steps)
+                     prefetch_steps=args.prefetch_steps,
+                     backlog_bytes=(args.backlog_mb << 20) or None)
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:

@@ -474,7 +474,7 @@ def patch_rows_uint8(items: list[np.ndarray], settings: ImageSettings,
         if x.dtype != np.uint8 or x.shape[1] not in (3 * k, 3 * tp * k):
             raise ValueError(f"expected uint8 patch rows of width {3 * k} or {3 * tp * k}, got "
                              f"{x.dtype} rows of width {x.shape[1]}")
-        dest[at:at + n] = x.reshape(n, 3, -1, k)
+        dest[at:at + n] = x.reshape(n, 3, x.shape[1] // (3 * k), k)
         at += n
     return dest.reshape(len(dest), 3 * tp * k)
 

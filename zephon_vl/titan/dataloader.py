@@ -147,7 +147,16 @@ class ZephonDataLoader(BaseDataLoader):
 
         prefetch_steps: int = Execution.prefetch_steps
         background: bool = False
-        """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
+        """Run the lanes in a driver thread and collate in a thread of its own,
+        ``prefetch_steps`` ahead."""
+
+        backlog_mb: int = (Execution.backlog_bytes or 0) >> 20
+        """MiB of finished documents this rank's lanes may hold before they stop drawing
+        new samples (backpressure, never drops); 0 = no bound."""
+
+        pin_memory: bool = Execution.pin_memory
+        """Collate into page-locked memory (CUDA hosts): the copy to the device is then
+        ``non_blocking`` without a staging copy."""
 
         normalize_on_device: bool = True
         """With ``image_preset``: ship uint8 pixels and normalize them on ``device`` (a
@@ -214,7 +223,9 @@ class ZephonDataLoader(BaseDataLoader):
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
                                    default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch or None,
-                                   prefetch_steps=config.prefetch_steps)
+                                   prefetch_steps=config.prefetch_steps,
+                                   backlog_bytes=(config.backlog_mb << 20) or None,
+                                   pin_memory=config.pin_memory)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background,
                              ledger=config.ledger or None)
