@@ -1,5 +1,6 @@
-"""Item 2 of issue 12: the background loader collates in a thread of its own, optionally
-into pinned memory; neither changes a batch, and a collate failure stops the loader."""
+"""Item 2 of issue 12: the background loader collates in the driver or in a thread of its
+own, optionally into pinned memory; none of it changes a batch, and a collate failure
+stops the loader (the step it was making cannot be delivered)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ class FailsOnThirdCall:
         return self.collate(rows)
 
 
-def test_collate_failure_reaches_the_consumer_and_stops_the_loader():
+@pytest.mark.parametrize("collate_in", ["driver", "thread"])
+def test_collate_failure_reaches_the_consumer_and_stops_the_loader(collate_in):
     recipe = build_recipe(SPEC)
     recipe.collate = FailsOnThirdCall(recipe.collate)
-    with Loader(recipe, execution=Execution(runner="inline"), background=True) as loader:
+    ex = Execution(runner="inline", collate_in=collate_in)
+    with Loader(recipe, execution=ex, background=True) as loader:
         it = iter(loader)
         assert [batch_digest(next(it)) for _ in range(2)] == reference_digests(SPEC, 2)
         with pytest.raises(ValueError, match="synthetic collate failure"):
@@ -46,7 +49,7 @@ def test_pin_memory_keeps_the_batches(background):
     with a warning where it is not: the same bytes either way."""
     import torch
 
-    ex = Execution(runner="inline", pin_memory=True)
+    ex = Execution(runner="inline", pin_memory=True, collate_in="thread")
     with Loader(build_recipe(SPEC), execution=ex, background=background) as loader:
         it = iter(loader)
         batches = [next(it) for _ in range(3)]

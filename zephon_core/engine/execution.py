@@ -85,9 +85,11 @@ class Execution:
     #: new samples (backpressure, never drops; None: no bound). See `engine/backlog.py`
     #: for what may pass it: a step whose rows alone need more, one document per lane
     backlog_bytes: int | None = 256 << 20
-    #: with `Loader(background=True)`, where a step is collated: "thread" (a collate
-    #: thread of its own, so the driver keeps running the lanes meanwhile) or "driver"
-    collate_in: str = "thread"
+    #: with `Loader(background=True)`, where a step is collated: "driver" (after the lanes,
+    #: in the driver thread) or "thread" (a thread of its own, while the driver runs the
+    #: lanes: it overlaps numpy's work with the driver's Python, but every numpy call hands
+    #: the GIL back and forth; measured slower on 2 busy cores, see docs/collate.md)
+    collate_in: str = "driver"
     #: collate into page-locked memory (CUDA hosts), ready for a non_blocking copy
     pin_memory: bool = False
 

@@ -401,8 +401,14 @@ class Loader:
                 step = self._advance()
                 if self._steps is not None:
                     item = None if step is None else (step, None)
+                elif step is None:
+                    item = None
                 else:
-                    item = None if step is None else (step, self._collate_step(step))
+                    try:
+                        item = (step, self._collate_step(step))
+                    except BaseException as exc:
+                        self._failed = exc  # a step was taken and cannot be delivered
+                        raise
                 if not self._put(out, item, "driver") or item is None:
                     return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
