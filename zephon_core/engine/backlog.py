@@ -23,6 +23,7 @@ the caller of `Loader.next_rows`).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -72,14 +73,16 @@ class Backlog:
         #: id -> bytes of every array counted and not yet garbage: a payload that passes
         #: another accumulator or transform (same arrays) is counted once
         self._counted: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     @property
     def held(self) -> int:
         """Bytes of finished documents not yet garbage."""
-        freed = self._freed
-        while freed:
-            self._freed_total += freed.popleft()
-        return self._added - self._freed_total
+        with self._lock:  # readers only: a finalizer never takes it
+            freed = self._freed
+            while freed:
+                self._freed_total += freed.popleft()
+            return self._added - self._freed_total
 
     def track(self, payload: Any) -> None:
         """Count a finished document until its arrays are garbage."""

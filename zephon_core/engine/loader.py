@@ -427,8 +427,7 @@ class Loader:
                 try:
                     item = (step, self._collate_step(step))
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-                    self._failed = exc
-                    self._unsent["collate"] = (step, None)
+                    self._failed = exc  # a step was taken and cannot be delivered
                     item = exc
             if not self._put(self._queue, item, "collate") or item is None \
                     or isinstance(item, BaseException):
