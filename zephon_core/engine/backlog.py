@@ -12,8 +12,9 @@ while what its rank holds, plus what is in flight in its transforms priced at
 the largest document seen so far, stays within `Execution.backlog_bytes`.
 Nothing is ever dropped for it, and the lane streams do not change (drawing
 later never changes what is drawn). A lane that the next step is still
-waiting on may always draw one element at a time, so a step whose rows alone
-need more than the bound still comes, slowly, instead of deadlocking.
+waiting on may always keep one group of elements in its transforms, so a
+step whose rows alone need more than the bound still comes (a group at a
+time) instead of deadlocking.
 
 Bytes are counted when a payload is finished and uncounted when its arrays
 are garbage (a `weakref.finalize` per array), so the count follows what is
@@ -59,7 +60,9 @@ class Backlog:
 
     def __init__(self, limit: int | None, first_group: int = 1) -> None:
         self.limit = limit
-        #: elements in flight before any document has finished (nothing to price them at)
+        #: elements in flight before any document has finished (nothing to price them at),
+        #: and in the transforms of a lane the next step waits on, past the bound: one
+        #: group, so that such a lane still sends full groups to its workers
         self.first_group = first_group
         self.documents = 0
         self.lanes: Sequence[_Lane] = ()
@@ -117,4 +120,4 @@ class Backlog:
             fits = self.held + (in_transforms + 1) * self.largest <= self.limit
         else:  # nothing finished yet, so no size to price the in-flight work at: one group
             fits = in_transforms < self.first_group
-        return fits or (needy and own_count == 0)
+        return fits or (needy and own_count < self.first_group)

@@ -83,7 +83,7 @@ class Execution:
     #: bytes of finished documents (decoded pixels, tokens: packer bins, rows waiting for
     #: their step, prefetched steps) one rank's lanes may hold before they stop drawing
     #: new samples (backpressure, never drops; None: no bound). See `engine/backlog.py`
-    #: for what may pass it: a step whose rows alone need more, one document per lane
+    #: for what may pass it: a step whose rows alone need more, one group per lane
     backlog_bytes: int | None = 256 << 20
     #: with `Loader(background=True)`, where a step is collated: "driver" (after the lanes,
     #: in the driver thread) or "thread" (a thread of its own, while the driver runs the
