@@ -94,10 +94,10 @@ class VLCollate:
             thw = np.zeros((0, 3), dtype=np.int64)
         out["pixel_values"] = pv
         out["grid_thw"] = torch.from_numpy(thw)
-        if pin_memory:
-            out = {k: v.pin_memory() if k != "pixel_values" else v for k, v in out.items()}
         if on_device:
             out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         for name, value in self._token_ids.items():
             out[name] = torch.tensor(value, dtype=torch.int64)
+        if pin_memory:  # the small tensors; the pixels were written pinned
+            out = {k: v if k == "pixel_values" else v.pin_memory() for k, v in out.items()}
         return out
