@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "StageStats": "zephon_core.engine.observe",
     "Loader": "zephon_core.engine.loader",
     "StepMeta": "zephon_core.engine.loader",
+    "Backlog": "zephon_core.engine.backlog",
     "load_state": "zephon_core.engine.checkpoint",
     "merge_states": "zephon_core.engine.checkpoint",
     "save_state": "zephon_core.engine.checkpoint",

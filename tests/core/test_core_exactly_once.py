@@ -203,7 +203,8 @@ def test_leftover_accounts_for_every_drawn_element():
 
 
 @pytest.mark.parametrize(("D", "k", "background"),
-                         [(1, 0, False), (2, 3, False), (4, 1, False), (1, 2, True), (2, 0, True)])
+                         [(1, 0, False), (2, 3, False), (4, 1, False), (1, 2, True), (2, 0, True),
+                          (2, 1, "driver")])
 def test_drain_delivers_the_rest_exactly_once(D, k, background):
     """`Loader.drain()` after k steps runs finite data to its end: the delivered steps plus
     the drained rows and drops account for every element of every lane, with no remainder.
@@ -214,8 +215,9 @@ def test_drain_delivers_the_rest_exactly_once(D, k, background):
     owner = owners(streams)
     ledger = Ledger()
     recipe = build_recipe(FINITE)
-    ex = Execution(group_size=3, prefetch_steps=2)
-    loaders = [Loader(recipe, d, D, ex, background=background) for d in range(D)]
+    ex = Execution(group_size=3, prefetch_steps=2,
+                   collate_in="driver" if background == "driver" else "thread")
+    loaders = [Loader(recipe, d, D, ex, background=bool(background)) for d in range(D)]
     try:
         for loader in loaders:
             state = loader.state_dict()

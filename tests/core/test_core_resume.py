@@ -251,10 +251,12 @@ def test_restore_recomputes_only_what_was_buffered():
             assert w2.digests(2) == ref[-2:]
 
 
+@pytest.mark.parametrize("collate_in", ["thread", "driver"])
 @pytest.mark.parametrize("D", [1, 2])
-def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
-    """`background=True`: the driver thread runs ahead, yet the digests are the reference
-    and a checkpoint describes the last batch the consumer received."""
+def test_background_driver_matches_and_checkpoints_what_was_consumed(D, collate_in):
+    """`background=True`: the driver thread runs ahead (collating in a thread of its own or
+    in the driver), yet the digests are the reference and a checkpoint describes the last
+    batch the consumer received."""
     import torch
 
     from zephon_core import Loader, batch_digest
@@ -262,7 +264,7 @@ def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
     steps, k = 8, 3
     ref = reference_digests(SPEC, steps)
     recipe = helpers.build_recipe(SPEC)
-    ex = Execution(runner="inline", prefetch_steps=3)
+    ex = Execution(runner="inline", prefetch_steps=3, collate_in=collate_in)
     loaders = [Loader(recipe, d, D, ex, background=True) for d in range(D)]
     try:
         iters = [iter(loader) for loader in loaders]
@@ -273,6 +275,7 @@ def test_background_driver_matches_and_checkpoints_what_was_consumed(D):
                                  for name in parts[0]})
 
         assert [global_digest() for _ in range(k)] == ref[:k]
+        assert all(loader.last_meta.collate_s > 0 for loader in loaders)
         state = json.loads(json.dumps(helpers.merge_states(
             [loader.local_state_dict() for loader in loaders])))
         assert state["step"] == k

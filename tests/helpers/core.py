@@ -49,6 +49,17 @@ def counting_tokens(payload: dict) -> dict:
     return to_tokens(payload)
 
 
+BALLAST = 16 << 10
+
+
+def with_ballast(payload: dict) -> dict:
+    """`to_tokens` plus a `BALLAST`-byte array (a stand-in for pixels): what a document
+    weighs in the loader's backlog."""
+    out = to_tokens(payload)
+    out["ballast"] = np.full(BALLAST, int(payload["id"]) % 251, dtype=np.uint8)
+    return out
+
+
 def keep(payload: dict) -> bool:
     """Filter predicate: drops about one document in five."""
     return int(payload["id"]) % 5 != 3

@@ -209,6 +209,44 @@ def test_one_frame_rows_lay_out_to_the_full_rows_bitwise():
         patch_rows([np.zeros((4, 100), np.uint8)], ImageSettings())
 
 
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_patch_rows_write_once_into_the_given_output(data):
+    """The collate's one-pass kernel: any mix of one-frame / T-frame uint8 and float32 rows
+    gives the values of normalizing and repeating each item, written into `out`."""
+    from zephon_vl import patch_rows_uint8
+
+    s = ImageSettings()
+    k = 14 * 14
+    items, want, want_u8 = [], [], []
+    for _ in range(data.draw(st.integers(1, 4))):
+        n = data.draw(st.integers(0, 5))
+        kind = data.draw(st.sampled_from(["one", "full", "float"]))
+        seed = data.draw(st.integers(0, 2**16))
+        rng = np.random.default_rng(seed)
+        width = 3 * k if kind == "one" else 6 * k
+        x = rng.integers(0, 256, (n, width), dtype=np.uint8)
+        full = np.repeat(x.reshape(n, 3, 1, k), 2, axis=2).reshape(n, 6 * k) \
+            if kind == "one" else x
+        if kind == "float":
+            items.append(normalize_patches(x, s))
+        else:
+            items.append(x)
+            want_u8.append(full)
+        want.append(normalize_patches(full, s))
+    out = np.full((sum(len(x) for x in items), 6 * k), np.nan, dtype=np.float32)
+    got = patch_rows(items, s, out=out)
+    assert got.size == 0 or np.shares_memory(got, out)
+    assert np.array_equal(out.view(np.uint32), np.concatenate(want).view(np.uint32))
+    if len(want_u8) == len(items):
+        u8 = np.zeros((len(out), 6 * k), dtype=np.uint8)
+        got_u8 = patch_rows_uint8(items, s, out=u8)
+        assert got_u8.size == 0 or np.shares_memory(got_u8, u8)
+        assert np.array_equal(u8, np.concatenate(want_u8))
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        patch_rows(items, s, out=np.empty((len(out) + 1, 6 * k), np.float32))
+
+
 def test_normalize_patches_is_per_channel():
     s = ImageSettings()
     row = np.zeros((1, 3 * 2 * 14 * 14), dtype=np.uint8)

@@ -95,6 +95,18 @@ class Execution:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: how a group's neighbouring samples in one remote shard share a range request
     coalesce: Coalesce = field(default_factory=Coalesce)
+    #: bytes of finished documents (decoded pixels, tokens: packer bins, rows waiting for
+    #: their step, prefetched steps) one rank's lanes may hold before they stop drawing
+    #: new samples (backpressure, never drops; None: no bound). See `engine/backlog.py`
+    #: for what may pass it: a step whose rows alone need more, one group per lane
+    backlog_bytes: int | None = 256 << 20
+    #: with `Loader(background=True)`, where a step is collated: "driver" (after the lanes,
+    #: in the driver thread) or "thread" (a thread of its own, while the driver runs the
+    #: lanes: it overlaps numpy's work with the driver's Python, but every numpy call hands
+    #: the GIL back and forth; measured slower on 2 busy cores, see docs/collate.md)
+    collate_in: str = "driver"
+    #: collate into page-locked memory (CUDA hosts), ready for a non_blocking copy
+    pin_memory: bool = False
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
@@ -108,6 +120,11 @@ class Execution:
         if self.stall_drops is not None and self.stall_drops < 1:
             raise ConfigError(f"stall_drops must be >= 1 or None (never stop), "
                               f"not {self.stall_drops!r}")
+        if self.backlog_bytes is not None and self.backlog_bytes < 1:
+            raise ConfigError(f"backlog_bytes must be >= 1 or None (no bound), "
+                              f"not {self.backlog_bytes!r}")
+        if self.collate_in not in ("thread", "driver"):
+            raise ConfigError(f"collate_in must be 'thread' or 'driver', not {self.collate_in!r}")
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")

@@ -17,6 +17,7 @@ from typing import Any
 from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
+from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
@@ -66,8 +67,10 @@ class LaneRun:
     """The lane's state machine; `observer` (see `engine.observe`) only watches it."""
 
     def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
-                 seed: int, rows_per_step: int, observer: StageObserver | None = None) -> None:
+                 seed: int, rows_per_step: int, observer: StageObserver | None = None,
+                 backlog: Backlog | None = None) -> None:
         self.lane = lane
+        self.backlog = backlog
         self.observer = observer
         self.plan = plan
         self.stages = plan.stages
@@ -213,9 +216,16 @@ class LaneRun:
     def _in_flight(self) -> int:
         return sum(st.count() for st in self.t.values()) + sum(len(b) for b in self.inbox.values())
 
+    def transform_count(self) -> int:
+        """Elements waiting for or inside a transform stage (not yet finished documents)."""
+        return sum(st.count() for st in self.t.values())
+
     def _can_pull(self) -> bool:
-        return (not self.source_done and self.rows_emitted < self.want_rows
-                and self._in_flight() < self.budget)
+        if (self.source_done or self.rows_emitted >= self.want_rows
+                or self._in_flight() >= self.budget):
+            return False
+        return self.backlog is None or self.backlog.admits(self.transform_count(),
+                                                           len(self.rows) < self.r)
 
     def _empty_before(self, i: int) -> bool:
         return all(
@@ -251,6 +261,8 @@ class LaneRun:
                         if self.digests is not None:
                             self.digests[o] = out.digest
                         out = out.payload
+                    if self.backlog is not None and i + 1 not in self.t:
+                        self.backlog.track(out)
                     self._to_stage(i + 1, o, out)
                 if self.observer is not None:
                     self._observe(i, self.stages[i].runner_kind, group.submitted,
@@ -348,7 +360,11 @@ class LaneRun:
         if not fn.transforms:
             return [o.pointer for o in origins]
         fn.setup()
-        return fn([Element(element_key(self.seed, o), o.pointer, o) for o in origins])
+        outs = fn([Element(element_key(self.seed, o), o.pointer, o) for o in origins])
+        if self.backlog is not None and upto not in self.t:
+            for out in outs:
+                self.backlog.track(out)
+        return outs
 
     def restore(self, snap: dict) -> None:
         """Rebuild the lane from a snapshot; payloads are recomputed from origins."""

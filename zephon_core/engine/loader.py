@@ -16,6 +16,7 @@ from typing import Any
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import DatasetOrder, LaneSource
 from zephon_core.data.storage import storage_settings
+from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
@@ -41,6 +42,8 @@ class StepMeta:
     drops: list[tuple[Origin, str]] = field(default_factory=list)
     #: with sample digests on: this rank's lanes' ledger entries (`ledger.lane_entries`)
     ledger: dict[int, dict] | None = None
+    #: seconds spent collating this step (0 until it is collated; never part of equality)
+    collate_s: float = field(default=0.0, compare=False)
 
     @property
     def tokens(self) -> int:
@@ -123,6 +126,8 @@ class Loader:
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
+        #: finished documents this rank's lanes hold (`Execution.backlog_bytes` bounds it)
+        self.backlog = Backlog(self.execution.backlog_bytes, self.execution.group_size)
         # A weak reference: torch's registry owns the group, so destroy_process_group frees
         # it and its threads before interpreter shutdown (see checkpoint.gloo_group).
         self._end_group: Callable[[], Any] | None = None
@@ -133,7 +138,7 @@ class Loader:
                 self._end_group = weakref.ref(dist.new_group(backend="gloo"))
         self.background = background
         self._thread: threading.Thread | None = None
-        self._unsent: Any = None
+        self._unsent: dict[str, Any] = {}
         self.step = 0
         self._produced = 0
         self.last_meta: StepMeta | None = None
@@ -148,10 +153,11 @@ class Loader:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs)
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
-                          self.observer)
+                          self.observer, self.backlog)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
+        self.backlog.lanes = self._runs
         self._snapshots = {run.lane: run.snapshot() for run in self._runs} \
             if snapshots is None else dict(snapshots)
 
@@ -345,17 +351,26 @@ class Loader:
             self.ledger.record(step.meta.step, step.meta.ledger)
 
     def _collate(self, rows: list[Row]) -> Any:
+        pin = self.execution.pin_memory
         if self.microbatches == 1:
-            return self.recipe.collate(rows)
+            return _collate_rows(self.recipe.collate, rows, pin)
         k = len(rows) // self.microbatches
-        return [self.recipe.collate(rows[i:i + k]) for i in range(0, len(rows), k)]
+        return [_collate_rows(self.recipe.collate, rows[i:i + k], pin)
+                for i in range(0, len(rows), k)]
+
+    def _collate_step(self, step: _Step) -> Any:
+        start = time.perf_counter()
+        batch = self._collate(step.rows)
+        step.meta.collate_s = time.perf_counter() - start
+        return batch
 
     def __next__(self) -> Any:
         if not self.background:
-            rows = self.next_rows()
-            if rows is None:
+            step = self._advance()
+            if step is None:
                 raise StopIteration
-            return self._collate(rows)
+            self._deliver(step)
+            return self._collate_step(step)
         if self._thread is None:
             self._start_background()
         item = self._queue.get()
@@ -370,52 +385,103 @@ class Loader:
         return batch
 
     def _start_background(self) -> None:
-        self._queue = queue.Queue(maxsize=max(1, self.execution.prefetch_steps))
+        depth = max(1, self.execution.prefetch_steps)
+        self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._unsent = {}
+        self._steps: queue.Queue | None = None
+        if self.execution.collate_in == "thread":
+            self._steps = queue.Queue(maxsize=1)
+            self._collator = threading.Thread(target=self._collate_steps,
+                                              name="zephon-collate", daemon=True)
+            self._collator.start()
         self._thread = threading.Thread(target=self._produce, name="zephon-driver", daemon=True)
         self._thread.start()
 
+    def _put(self, q: queue.Queue, item: Any, who: str) -> bool:
+        """Queue `item` unless the loader stops first (then it is kept for `drain`)."""
+        while True:
+            if self._stop.is_set():
+                self._unsent[who] = item
+                return False
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+
     def _produce(self) -> None:
-        """Background driver: run lanes and collate ahead of the consumer."""
+        """Background driver: run the lanes ahead of the consumer; collate here or hand the
+        step to the collate thread, so the lanes keep running while a step is collated."""
+        out = self._steps if self._steps is not None else self._queue
         try:
             while not self._stop.is_set():
+                if self._steps is not None and not self._steps.empty():
+                    # the collate thread has not taken the last step yet: making another
+                    # now would only hold one more step's documents, never deliver sooner
+                    self._stop.wait(0.002)
+                    continue
                 step = self._advance()
-                item = None if step is None else (step, self._collate(step.rows))
-                while True:
-                    if self._stop.is_set():
-                        self._unsent = item  # made, never queued: `drain` still wants it
-                        return
+                if self._steps is not None:
+                    item = None if step is None else (step, None)
+                elif step is None:
+                    item = None
+                else:
                     try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if item is None:
+                        item = (step, self._collate_step(step))
+                    except BaseException as exc:
+                        self._failed = exc  # a step was taken and cannot be delivered
+                        raise
+                if not self._put(out, item, "driver") or item is None:
                     return
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            self._queue.put(exc)
+            self._put(out, exc, "driver")
+
+    def _collate_steps(self) -> None:
+        """Collate thread: steps from the driver, in order, to batches for the consumer."""
+        assert self._steps is not None
+        while not self._stop.is_set():
+            try:
+                item = self._steps.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is not None and not isinstance(item, BaseException):
+                step = item[0]
+                try:
+                    item = (step, self._collate_step(step))
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+                    self._failed = exc  # a step was taken and cannot be delivered
+                    item = exc
+            if not self._put(self._queue, item, "collate") or item is None \
+                    or isinstance(item, BaseException):
+                return
 
     def _stop_background(self) -> list[Any]:
-        """Stop the driver thread; return what it made beyond the consumer's step, in order.
+        """Stop the background threads; return what they made beyond the consumer's step,
+        in order.
 
-        Items are ``(step, batch)``, None (end of data) or the exception that
-        stopped the driver. `drain` uses the steps; the other callers drop them.
+        Items are ``(step, batch)`` (batch None for a step not collated yet),
+        None (end of data) or the exception that stopped the driver. `drain`
+        uses the steps; the other callers drop them.
         """
         if self._thread is None:
             return []
         self._stop.set()
+        self._thread.join()
+        if self._steps is not None:
+            self._collator.join()
         items: list[Any] = []
-        while self._thread.is_alive():
-            try:
-                items.append(self._queue.get(timeout=0.1))
-            except queue.Empty:
-                pass
         while not self._queue.empty():
             items.append(self._queue.get_nowait())
-        if self._unsent is not None:
-            items.append(self._unsent)
+        if "collate" in self._unsent:
+            items.append(self._unsent["collate"])
+        if self._steps is not None:
+            while not self._steps.empty():
+                items.append(self._steps.get_nowait())
+        if "driver" in self._unsent:
+            items.append(self._unsent["driver"])
         self._thread = None
-        self._unsent = None
+        self._unsent = {}
         return items
 
     # --- checkpoint --------------------------------------------------------
@@ -479,3 +545,29 @@ class Loader:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+_pin_warned = False
+
+
+def _collate_rows(collate: Callable[..., Any], rows: list[Row], pin: bool) -> Any:
+    """`collate(rows)`; with `pin`, its tensors in page-locked memory: written there
+    directly by a collate that takes ``pin_memory`` (``collate.pins``), else copied."""
+    if not pin:
+        return collate(rows)
+    import torch
+
+    if not torch.cuda.is_available():
+        global _pin_warned
+        if not _pin_warned:
+            _pin_warned = True
+            log.warning("zephon: Execution(pin_memory=True) but torch sees no CUDA device; "
+                        "batches stay in pageable memory")
+        return collate(rows)
+    if getattr(collate, "pins", False):
+        return collate(rows, pin_memory=True)
+    batch = collate(rows)
+    if isinstance(batch, dict):
+        return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
+    return batch.pin_memory() if isinstance(batch, torch.Tensor) else batch

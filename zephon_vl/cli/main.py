@@ -51,6 +51,9 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coalesce-bytes", type=int, default=Coalesce.max_bytes, metavar="BYTES",
                    help="largest range request that merges neighbouring samples of one "
                    "remote shard (0: one request per sample)")
+    g.add_argument("--backlog-mb", type=int, default=(Execution.backlog_bytes or 0) >> 20,
+                   help="MiB of finished documents a rank's lanes may hold before they stop "
+                   "drawing (backpressure; 0: no bound)")
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -73,7 +76,8 @@ def execution_from(args: argparse.Namespace) -> Execution:
                      group_size=args.group_size, prefetch=args.prefetch,
                      prefetch_steps=args.prefetch_steps,
                      retry=RetryPolicy(deadline=args.retry_deadline),
-                     coalesce=Coalesce(max_bytes=args.coalesce_bytes))
+                     coalesce=Coalesce(max_bytes=args.coalesce_bytes),
+                     backlog_bytes=(args.backlog_mb << 20) or None)
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:

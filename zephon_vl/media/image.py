@@ -410,45 +410,73 @@ def open_image(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
     return img
 
 
-def patch_rows(items: list[np.ndarray], settings: ImageSettings) -> np.ndarray:
+def _rows_out(items: list[np.ndarray], settings: ImageSettings, dtype: type,
+              out: np.ndarray | None) -> np.ndarray:
+    """The ``[patches, 3, T, P*P]`` view to write into: `out` (caller-allocated, e.g. pinned
+    memory) checked for shape and dtype, or a new array."""
+    tp, k = settings.temporal_patch_size, settings.patch_size ** 2
+    shape = (sum(len(x) for x in items), 3 * tp * k)
+    if out is None:
+        return np.empty((shape[0], 3, tp, k), dtype=dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {np.dtype(dtype)} array of shape {shape}, "
+                         f"got {out.dtype} {out.shape}")
+    return out.reshape(shape[0], 3, tp, k)
+
+
+def patch_rows(items: list[np.ndarray], settings: ImageSettings,
+               out: np.ndarray | None = None) -> np.ndarray:
     """Patch rows of several images/videos -> one float32 ``[patches, 3*T*P*P]`` array.
 
     Takes uint8 or float32 rows, of T frames or of one frame (``one_frame``),
     normalizes uint8 and repeats one frame over the temporal axis while
     writing the output, so a one-frame image costs half the table lookups.
+    uint8 rows are looked up straight into the output, one channel at a time
+    (no float32 temporary): the output is written once. `out`: the array to
+    write (C-contiguous float32 ``[patches, 3*T*P*P]``), e.g. pinned memory.
     """
     tp, k = settings.temporal_patch_size, settings.patch_size ** 2
-    out = np.empty((sum(len(x) for x in items), 3, tp, k), dtype=np.float32)
+    dest = _rows_out(items, settings, np.float32, out)
+    lut = normalization_table(settings).reshape(3, 256)
     at = 0
     for x in items:
         n = len(x)
         if x.shape[1] not in (3 * k, 3 * tp * k):
             raise ValueError(f"patch rows of width {x.shape[1]} are neither one frame "
                              f"({3 * k}) nor {tp} frames ({3 * tp * k})")
+        frames = x.shape[1] // (3 * k)
+        block = dest[at:at + n]
         if x.dtype == np.uint8:
-            x = normalize_patches(x, settings)
-        out[at:at + n] = x.reshape(n, 3, -1, k)
+            src = x.reshape(n, 3, frames, k)
+            for c in range(3):
+                for t in range(frames):
+                    np.take(lut[c], src[:, c, t], out=block[:, c, t], mode="clip")
+            if frames == 1:
+                block[:, :, 1:] = block[:, :, :1]
+        else:
+            block[:] = x.reshape(n, 3, frames, k)
         at += n
-    return out.reshape(len(out), 3 * tp * k)
+    return dest.reshape(len(dest), 3 * tp * k)
 
 
-def patch_rows_uint8(items: list[np.ndarray], settings: ImageSettings) -> np.ndarray:
+def patch_rows_uint8(items: list[np.ndarray], settings: ImageSettings,
+                     out: np.ndarray | None = None) -> np.ndarray:
     """uint8 patch rows of several images/videos -> one uint8 ``[patches, 3*T*P*P]`` array.
 
     The layout of `patch_rows` (one frame repeated over the temporal axis),
-    still to be normalized with `normalization_table`.
+    still to be normalized with `normalization_table`. `out` as in `patch_rows`.
     """
     tp, k = settings.temporal_patch_size, settings.patch_size ** 2
-    out = np.empty((sum(len(x) for x in items), 3, tp, k), dtype=np.uint8)
+    dest = _rows_out(items, settings, np.uint8, out)
     at = 0
     for x in items:
         n = len(x)
         if x.dtype != np.uint8 or x.shape[1] not in (3 * k, 3 * tp * k):
             raise ValueError(f"expected uint8 patch rows of width {3 * k} or {3 * tp * k}, got "
                              f"{x.dtype} rows of width {x.shape[1]}")
-        out[at:at + n] = x.reshape(n, 3, -1, k)
+        dest[at:at + n] = x.reshape(n, 3, x.shape[1] // (3 * k), k)
         at += n
-    return out.reshape(len(out), 3 * tp * k)
+    return dest.reshape(len(dest), 3 * tp * k)
 
 
 def process_image(data: bytes, settings: ImageSettings, where: str = "?",

@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
 
 class VLCollate:
-    """The collate of `family`'s recipes; `special`: the family's ids in the recipe's tokenizer."""
+    """The collate of `family`'s recipes; `special`: the family's ids in the recipe's tokenizer.
+
+    Pixel data is written once, into the output tensor (`pin_memory=True`:
+    page-locked memory, ready for a non_blocking copy to the device).
+    """
+
+    #: takes ``pin_memory`` (the loader's `Execution.pin_memory`)
+    pins = True
 
     def __init__(self, seq_len: int, image: ImageSettings, special: Any,
                  family: VisionFamily) -> None:
@@ -70,23 +77,27 @@ class VLCollate:
                         "pair patches with the wrong tokens (check the tokenizer and the "
                         f"{self.family.name!r} family)")
 
-    def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: list[Row], pin_memory: bool = False) -> dict[str, torch.Tensor]:
         self.check_placeholders(rows)
         arrays = [text_row_arrays(r, self.seq_len, self.special.pad) for r in rows]
         out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
         pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
         grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
         on_device = self.image.normalize == "device"
+        dtype = torch.uint8 if on_device else torch.float32
+        pv = torch.empty((sum(len(p) for p in pixels), self.row_width), dtype=dtype,
+                         pin_memory=pin_memory)
         if pixels:
-            pv = (patch_rows_uint8 if on_device else patch_rows)(pixels, self.image)
+            (patch_rows_uint8 if on_device else patch_rows)(pixels, self.image, out=pv.numpy())
             thw = np.stack(grids).astype(np.int64)
         else:
-            pv = np.zeros((0, self.row_width), dtype=np.uint8 if on_device else np.float32)
             thw = np.zeros((0, 3), dtype=np.int64)
-        out["pixel_values"] = torch.from_numpy(pv)
+        out["pixel_values"] = pv
         out["grid_thw"] = torch.from_numpy(thw)
         if on_device:
             out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         for name, value in self._token_ids.items():
             out[name] = torch.tensor(value, dtype=torch.int64)
+        if pin_memory:  # the small tensors; the pixels were written pinned
+            out = {k: v if k == "pixel_values" else v.pin_memory() for k, v in out.items()}
         return out

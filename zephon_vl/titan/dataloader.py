@@ -169,6 +169,14 @@ class ZephonDataLoader(BaseDataLoader):
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""
 
+        backlog_mb: int = (Execution.backlog_bytes or 0) >> 20
+        """MiB of finished documents this rank's lanes may hold before they stop drawing
+        new samples (backpressure, never drops); 0 = no bound."""
+
+        pin_memory: bool = Execution.pin_memory
+        """Collate into page-locked memory (CUDA hosts): the copy to the device is then
+        ``non_blocking`` without a staging copy."""
+
         normalize_on_device: bool = True
         """With ``image_preset``: ship uint8 pixels and normalize them on ``device`` (a
         quarter of the bytes through the host and the copy; the same floats). A recipe file
@@ -255,7 +263,9 @@ class ZephonDataLoader(BaseDataLoader):
                                    stall_seconds=config.stall_seconds,
                                    stall_drops=config.stall_drops,
                                    retry=RetryPolicy(deadline=config.retry_deadline),
-                                   coalesce=Coalesce(max_bytes=config.coalesce_bytes))
+                                   coalesce=Coalesce(max_bytes=config.coalesce_bytes),
+                                   backlog_bytes=(config.backlog_mb << 20) or None,
+                                   pin_memory=config.pin_memory)
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background,
                              ledger=config.ledger or None)

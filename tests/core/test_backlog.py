@@ -1,0 +1,78 @@
+"""Item 4 of issue 12: `Execution.backlog_bytes` bounds the finished documents a rank's
+lanes hold, by backpressure: the batches never change, across D and resumes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.core import (
+    BALLAST,
+    DataSpec,
+    Spec,
+    World,
+    divisors,
+    reference_digests,
+    with_ballast,
+)
+from zephon_core import ConfigError, Execution
+
+# every document weighs BALLAST bytes; a payload shuffle holds finished documents too
+SPEC = Spec(datasets=(DataSpec((60, 50, 70), max_len=40),), map_fn=with_ballast,
+            num_lanes=4, rows_per_lane=2, seq_len=32)
+SHUFFLED = SPEC.but(shuffle_pos="payloads", shuffle_buffer=6)
+STEPS = 8
+
+
+def run(spec: Spec, D: int, ex: Execution, steps: int = STEPS) -> tuple[list[str], list[int]]:
+    with World(spec, D, ex) as w:
+        return w.digests(steps), [loader.backlog.peak for loader in w.loaders]
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "processes"])
+def test_peak_stays_under_the_bound(runner):
+    free, free_peak = run(SPEC, 1, Execution(runner="inline", backlog_bytes=None))
+    limit = 64 * BALLAST
+    assert free_peak[0] > limit + 8 * BALLAST  # without the bound the lanes hold more
+    group = 2
+    digests, peak = run(SPEC, 1, Execution(runner=runner, backlog_bytes=limit, group_size=group))
+    assert digests == free
+    # the documented bound: the limit, plus one group of documents per lane of the rank
+    assert 0 < peak[0] <= limit + SPEC.num_lanes * group * BALLAST
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=st.sampled_from([1, 6, 20, 48, 10_000]), D=st.sampled_from(divisors(4)),
+       spec=st.sampled_from([SPEC, SHUFFLED]), runner=st.sampled_from(["inline", "threads"]))
+def test_batches_do_not_depend_on_the_bound(docs, D, spec, runner):
+    """Down to a bound of one document (below what a step needs: the lanes the step waits
+    on draw a group at a time), the global batches are those of the reference."""
+    digests, _ = run(spec, D, Execution(runner=runner, backlog_bytes=docs * BALLAST))
+    assert digests == reference_digests(spec, STEPS)
+
+
+@pytest.mark.parametrize(("D", "D2"), [(1, 2), (4, 1), (2, 4)])
+def test_resume_under_a_tight_bound(D, D2):
+    tight = Execution(runner="inline", backlog_bytes=6 * BALLAST)
+    k = 3
+    with World(SHUFFLED, D, tight) as w:
+        head = w.digests(k)
+        state = w.state()
+    with World(SHUFFLED, D2, tight, state=state) as w2:
+        tail = w2.digests(STEPS - k)
+    assert head + tail == reference_digests(SHUFFLED, STEPS)
+
+
+def test_backlog_is_released_when_batches_are_gone():
+    with World(SPEC, 1, Execution(runner="inline", backlog_bytes=None)) as w:
+        w.digests(3)
+        held = w.loaders[0].backlog.held
+        assert 0 < held <= w.loaders[0].backlog.peak
+        w.loaders[0].drain()
+        assert w.loaders[0].backlog.held == 0
+
+
+def test_bad_bound_is_refused():
+    with pytest.raises(ConfigError, match="backlog_bytes"):
+        Execution(backlog_bytes=0)
