@@ -40,7 +40,8 @@ def markdown(report: dict) -> str:
                            ("ratio_vs_spdl", "/ SPDL best"),
                            ("e2e_over_worker_stage", "delivered / worker-stage rate"),
                            ("peak_pss_vs_grain", "peak PSS / Grain best's"),
-                           ("cpu_per_sample_vs_grain", "CPU per sample / Grain best's")):
+                           ("cpu_per_sample_vs_grain", "CPU per sample / Grain best's"),
+                           ("cpu_per_sample_vs_limit", "CPU per sample / raw limit's")):
             if key in e2e:
                 target = e2e.get("targets", {}).get(key)
                 op = "<=" if key == "peak_pss_vs_grain" else ">="
