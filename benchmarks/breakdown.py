@@ -11,7 +11,9 @@ the few video samples), ``tokenize`` (multimodal tokenization), ``pack``
 runner does to move one sample between processes (the request, a pointer,
 pickled; the answer with its patch rows copied into a pooled shared-memory
 file, pickled, mapped back and released), done in one process so only the
-copy and (de)serialization cost shows, not the wait.
+copy and (de)serialization cost shows, not the wait; ``collate``: the
+recipe's collate of the packed rows into training tensors, batches of
+``batch_rows`` rows (what a delivered batch adds to the worker stage).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from collections import defaultdict
 
 from zephon_bench.workload import Work, WorkSpec
 
-STAGES = ("read", "decode", "resize", "patchify", "video", "tokenize", "pack", "transfer")
+STAGES = ("read", "decode", "resize", "patchify", "video", "tokenize", "pack", "transfer",
+          "collate")
 _IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
 
 
@@ -52,6 +55,7 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
     n = images = 0
     pool = shm.SegmentPool(f"zephon-{os.getpid()}-breakdown-")
     released: list[str] = []
+    rows: list = []
     for seq, p in enumerate(pointers):
         t = clock()
         sample = reader.read(p.shard, p.index)
@@ -96,11 +100,18 @@ def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
         acc["transfer"] += clock() - t
         t = clock()
         packer.push(origin, out)
-        while packer.pop_row() is not None:
-            pass
+        while (row := packer.pop_row()) is not None:
+            rows.append(row)
         acc["pack"] += clock() - t
         n += 1
     pool.close()
+    packer.flush()
+    while (row := packer.pop_row()) is not None:
+        rows.append(row)
+    for i in range(0, len(rows), spec.batch_rows):
+        t = clock()
+        work.collate(rows[i:i + spec.batch_rows])
+        acc["collate"] += clock() - t
     total = sum(acc[s] for s in STAGES)
     return {
         "samples": n,

@@ -156,7 +156,11 @@ def metrics(result: dict, series: Series, warm_frac: float = 0.2,
     self_w = series.at("self_cpu", tb) - series.at("self_cpu", ta)
     outside_w = max(0.0, busy_w - cpu_win - self_w) / (NCPU * dt)
     tally = result["tally"]
+    # zephon's delivered-batch runs: its last process stage's rate over the same window
+    groups = result.get("extra", {}).get("stage_groups")
+    stage = sum(n for t, n in groups if ta < t <= tb) / dt if groups else None
     return {
+        "stage_samples_per_s": stage,
         "samples_per_s": samples / dt,
         "tokens_per_s": tokens / dt,
         "images_per_s": images / dt,

@@ -5,8 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILY_NAMES = {"zephon": "zephon-vl", "grain": "Grain", "torch": "torch DataLoader",
-                "limit": "raw limit"}
-COLORS = {"zephon": "#1f77b4", "grain": "#ff7f0e", "torch": "#2ca02c", "limit": "#7f7f7f"}
+                "spdl": "SPDL", "limit": "raw limit"}
+COLORS = {"zephon": "#1f77b4", "grain": "#ff7f0e", "torch": "#2ca02c", "spdl": "#9467bd",
+          "limit": "#7f7f7f"}
+HEADER = ("| loader | configuration | samples/s | tokens/s | images/s | first batch s "
+          "| CPU ms/sample | main CPU ms/sample | cores used | peak PSS MB | peak shm MB "
+          "| outside load | runs ok/disturbed |")
+ALIGN = "| --- | --- |" + " ---: |" * 10 + " :---: |"
 
 
 def _f(x: float | None, nd: int = 1) -> str:
@@ -21,26 +26,32 @@ def markdown(report: dict) -> str:
         f"{m['nproc']} cores; {s['samples']} samples ({s['images']} images), seq_len "
         f"{s['seq_len']}, {s['batch_rows']} rows/batch, max_pixels {s['max_pixels']}, "
         f"draft {s['draft']}, PIL {m['pillow_backend']}; medians of {report['reps']} rep(s).",
-        "",
-        "| loader | configuration | samples/s | tokens/s | images/s | first batch s "
-        "| CPU ms/sample | cores used | peak memory MB | peak shm MB | outside load "
-        "| runs ok/disturbed |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
     ]
-    best = {v for v in report["best"].values()}
-    for c in report["configs"]:
-        med = c["median"]
-        name = f"**{c['name']}**" if c["name"] in best else c["name"]
-        cpu = med.get("cpu_s_per_sample")
-        lines.append(
-            f"| {FAMILY_NAMES[c['family']]} | {name} | {_f(med.get('samples_per_s'))} "
-            f"| {_f(med.get('tokens_per_s'), 0)} | {_f(med.get('images_per_s'))} "
-            f"| {_f(med.get('ttfb_s'), 2)} | {_f(None if cpu is None else 1000 * cpu)} "
-            f"| {_f(med.get('cores_used'), 2)} | {_f(med.get('peak_mem_mb'), 0)} "
-            f"| {_f(med.get('peak_shm_mb'), 0)} "
-            f"| {_f(None if med.get('outside_load') is None else 100 * med['outside_load'], 0)}% "
-            f"| {c['runs_ok']}/{c['runs_disturbed']} |")
-    lines += ["", f"**ratio_vs_grain = {_f(report['ratio_vs_grain'], 2)}**, "
+    e2e = report.get("e2e")
+    if e2e:
+        lines += ["", "Delivered training batches (collated, in the main process; pixels "
+                  f"normalize={s.get('normalize', 'collate')}):", "", HEADER, ALIGN]
+        lines += _rows(report["e2e_configs"], set(e2e["best"].values()))
+        lines += ["", "| ratio (zephon **default**, delivered batches) | measured | target |",
+                  "| --- | ---: | ---: |"]
+        for key, label in (("ratio_vs_grain", "/ Grain best"),
+                           ("ratio_vs_limit", "/ raw limit (with collate)"),
+                           ("ratio_vs_torch", "/ torch DataLoader best"),
+                           ("ratio_vs_spdl", "/ SPDL best"),
+                           ("e2e_over_worker_stage", "delivered / worker-stage rate"),
+                           ("peak_pss_vs_grain", "peak PSS / Grain best's"),
+                           ("cpu_per_sample_vs_grain", "CPU per sample / Grain best's"),
+                           ("cpu_per_sample_vs_limit", "CPU per sample / raw limit's")):
+            if key in e2e:
+                target = e2e.get("targets", {}).get(key)
+                op = "<=" if key == "peak_pss_vs_grain" else ">="
+                lines.append(f"| `{key}` ({label}) | **{_f(e2e[key], 2)}** | "
+                             + (f"{op} {target}" if target else "") + " |")
+    if report.get("configs"):
+        lines += ["", "Worker stage (processed documents reaching the main process; "
+                  "packed there, no collate):", "", HEADER, ALIGN]
+        lines += _rows(report["configs"], set(report["best"].values()))
+        lines += ["", f"**ratio_vs_grain = {_f(report['ratio_vs_grain'], 2)}**, "
               f"**ratio_vs_limit = {_f(report['ratio_vs_limit'], 2)}**, "
               f"ratio_vs_torch = {_f(report.get('ratio_vs_torch'), 2)} "
               "(best samples/s over best samples/s; bold rows are each loader's best). "
@@ -63,6 +74,63 @@ def markdown(report: dict) -> str:
     if report.get("warnings"):
         lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"
+
+
+def _rows(configs: list[dict], best: set[str]) -> list[str]:
+    lines = []
+    for c in configs:
+        med = c["median"]
+        name = f"**{c['name']}**" if c["name"] in best else c["name"]
+        cpu, main = med.get("cpu_s_per_sample"), med.get("main_cpu_s_per_sample")
+        lines.append(
+            f"| {FAMILY_NAMES[c['family']]} | {name} | {_f(med.get('samples_per_s'))} "
+            f"| {_f(med.get('tokens_per_s'), 0)} | {_f(med.get('images_per_s'))} "
+            f"| {_f(med.get('ttfb_s'), 2)} | {_f(None if cpu is None else 1000 * cpu)} "
+            f"| {_f(None if main is None else 1000 * main, 2)} "
+            f"| {_f(med.get('cores_used'), 2)} | {_f(med.get('peak_mem_mb'), 0)} "
+            f"| {_f(med.get('peak_shm_mb'), 0)} "
+            f"| {_f(None if med.get('outside_load') is None else 100 * med['outside_load'], 0)}% "
+            f"| {c['runs_ok']}/{c['runs_disturbed']} |")
+    return lines
+
+
+def e2e_chart(report: dict, path: str | Path) -> None:
+    """Delivered samples/s, CPU ms per sample and peak PSS of every delivered-batch run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = [c for c in report["e2e_configs"] if c["median"]][::-1]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 1.4 + 0.4 * len(configs)),
+                             gridspec_kw={"width_ratios": [3, 1.5, 1.5]}, squeeze=False)
+    colors = [COLORS[c["family"]] for c in configs]
+    for ax, key, label, scale, fmt in (
+            (axes[0][0], "samples_per_s", "delivered samples/s (collated batches, median)", 1,
+             "{:.0f}"),
+            (axes[0][1], "cpu_s_per_sample", "CPU ms per sample (process tree)", 1000, "{:.1f}"),
+            (axes[0][2], "peak_mem_mb", "peak PSS of the process tree, MB", 1, "{:.0f}")):
+        vals = [(c["median"].get(key) or 0) * scale for c in configs]
+        bars = ax.barh(range(len(configs)), vals, color=colors)
+        for bar, c, v in zip(bars, configs, vals, strict=True):
+            if c["runs_ok"] == 0:
+                bar.set_hatch("//")
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + fmt.format(v),
+                    va="center", fontsize=7)
+        ax.set_yticks(range(len(configs)))
+        ax.set_yticklabels([c["name"] for c in configs] if ax is axes[0][0] else [],
+                           fontsize=8)
+        ax.set_xlabel(label, fontsize=9)
+        ax.margins(x=0.2)
+    e = report["e2e"]
+    m = report["machine"]
+    axes[0][0].set_title(
+        f"delivered batches, {report['date'][:10]}, {m['nproc']} cores: zephon default "
+        f"{e.get('ratio_vs_grain') or 0:.2f}x Grain, {e.get('ratio_vs_limit') or 0:.2f}x raw "
+        f"limit, {e.get('e2e_over_worker_stage') or 0:.2f}x its worker stage", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def chart(report: dict, path: str | Path) -> None:

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
            "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb",
            "outside_load", "outside_load_steady", "wall_s", "overall_samples_per_s",
-           "steady_samples", "steady_seconds")
+           "steady_samples", "steady_seconds", "stage_samples_per_s")
 
 
 # --- arguments --------------------------------------------------------------------
@@ -60,7 +60,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of the samples before the steady state (default 0.2)")
     p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
     p.add_argument("--only", default=None, metavar="FAMILIES",
-                   help="comma-separated subset of zephon,grain,torch,limit")
+                   help="comma-separated subset of zephon,grain,torch,spdl,limit")
+    p.add_argument("--modes", default="e2e,worker", metavar="MODES",
+                   help="what to measure, comma-separated: e2e (collated training batches "
+                        "delivered to the main process) and/or worker (processed documents "
+                        "reaching the main process; no collate). Default: both")
+    p.add_argument("--e2e-epochs", type=int, default=None,
+                   help="passes over the data in the delivered-batch runs (default 2): "
+                        "a loader that holds finished documents delivers them in a burst at "
+                        "the end of the data, so the steady window must end well before")
+    p.add_argument("--normalize", choices=["device", "collate"], default="device",
+                   help="the collate's pixels: device = uint8 rows + table, normalized by "
+                        "to_device on the accelerator (default); collate = float32 rows made "
+                        "on the CPU")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1/2/4-process scaling")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage breakdown")
     p.add_argument("--max-outside-load", type=float, default=0.15,
@@ -81,10 +93,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # --- configurations -----------------------------------------------------------------
 
+FAMILIES = ("zephon", "grain", "torch", "spdl", "limit")
+
+
 def _cfg(name: str, family: str, params: dict, scaling: int | None = None,
-         scaling_only: bool = False) -> dict:
+         scaling_only: bool = False, mode: str = "worker") -> dict:
     return {"name": name, "family": family, "params": params, "scaling": scaling,
-            "scaling_only": scaling_only}
+            "scaling_only": scaling_only, "mode": mode}
+
+
+def have_spdl() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("spdl") is not None
+
+
+def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None) -> list[dict]:
+    """The delivered-batch grid: zephon through `Loader` (default + a few knobs), Grain,
+    DataLoader and SPDL packing and collating as their users would, the raw limit."""
+    spdl = have_spdl() if spdl is None else spdl
+
+    def c(name: str, family: str, params: dict) -> dict:
+        return _cfg(name, family, params, mode="e2e")
+
+    cfgs = [c("zephon default", "zephon", {"cli": []})]
+    if not quick:
+        cfgs += [c("zephon driver thread (background=True)", "zephon",
+                   {"cli": [], "background": True}),
+                 c("zephon prefetch 4 groups per lane", "zephon", {"cli": ["--prefetch", "4"]})]
+    ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
+    cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
+               {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]
+    cfgs += [c(f"torch num_workers={w}", "torch", {"workers": w})
+             for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
+    if spdl:
+        cfgs += [c(f"spdl {w} processes", "spdl", {"workers": w, "threads": 2})
+                 for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
+    cfgs.append(c(f"raw limit {ncpu} processes", "limit", {"processes": ncpu}))
+    return cfgs
 
 
 def _zephon(name: str, *cli: str, scaling: int | None = None) -> dict:
@@ -140,8 +186,7 @@ def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
                 cfgs.append(_cfg(f"grain mp_prefetch={n} threads=1", "grain",
                                  {"workers": n, "threads": 1, "buffer": 16}, scaling=n,
                                  scaling_only=True))
-    order = ("zephon", "grain", "torch", "limit")
-    return sorted(cfgs, key=lambda c: order.index(c["family"]))  # stable: grid order kept
+    return sorted(cfgs, key=lambda c: FAMILIES.index(c["family"]))  # stable: grid order kept
 
 
 # --- one run in a child process ---------------------------------------------------------
@@ -159,7 +204,11 @@ def preload(spec_json: dict) -> None:
     import psutil  # noqa: F401
     import torch  # noqa: F401
     import torch.utils.data  # noqa: F401
-    from zephon_bench.loaders import RUNNERS  # noqa: F401
+    from zephon_bench.e2e import RUNNERS  # noqa: F401
+    from zephon_bench.grain_pack import PackRows  # noqa: F401
+
+    if have_spdl():
+        import spdl.pipeline  # noqa: F401
     from zephon_bench.workload import WorkSpec
 
     from zephon_core import Loader  # noqa: F401
@@ -167,14 +216,21 @@ def preload(spec_json: dict) -> None:
     WorkSpec.from_json(spec_json).recipe()
 
 
+#: the delivered-batch runs' steady window ends at this fraction of the samples: the
+#: end-of-data burst of a loader's backlog (zephon's lanes hold a few hundred finished
+#: documents) stays outside it
+E2E_END_FRAC = 0.75
+
+
 def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
-            warm_frac: float = 0.2) -> dict:
+            warm_frac: float = 0.2, end_frac: float = 0.9) -> dict:
     """Fork a child that runs one configuration; watch its process tree until it ends."""
     from zephon_bench.measure import TreeMonitor, metrics
 
     result_path = logdir / f"{tag}.result.json"
     log_path = logdir / f"{tag}.log"
-    job = {"family": cfg["family"], "params": cfg["params"], "spec": spec_json}
+    job = {"family": cfg["family"], "params": cfg["params"], "spec": spec_json,
+           "mode": cfg.get("mode", "worker")}
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -217,7 +273,7 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
         tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         return {"ok": False, "error": f"exit {status}", "log_tail": tail}
     result = json.loads(result_path.read_text())
-    m = metrics(result, mon.series, warm_frac)
+    m = metrics(result, mon.series, warm_frac, end_frac)
     return {"ok": True, "metrics": m, "tally": result["tally"], "extra": result["extra"]}
 
 
@@ -255,12 +311,13 @@ def _kill_tree(pid: int, only_children: bool = False, grace: float = 0.0) -> Non
 
 
 def child_main(job_json: str, result_path: str) -> int:
-    from zephon_bench.loaders import RUNNERS
+    from zephon_bench import e2e, loaders
     from zephon_bench.workload import WorkSpec
 
     job = json.loads(job_json)
     spec = WorkSpec.from_json(job["spec"])
-    trace = RUNNERS[job["family"]](spec, job["params"])
+    runners = e2e.RUNNERS if job.get("mode") == "e2e" else loaders.RUNNERS
+    trace = runners[job["family"]](spec, job["params"])
     atomic_write(result_path, json.dumps(trace.to_json()))
     del trace
     _release_grain_shm()
@@ -285,6 +342,30 @@ def _release_grain_shm() -> None:
 
 
 # --- the whole benchmark ----------------------------------------------------------------
+
+def _key(cfg: dict) -> str:
+    return f"{cfg.get('mode', 'worker')}: {cfg['name']}"
+
+
+def check_tallies(runs: dict[str, list[dict]]) -> list[str]:
+    """Every run of a mode delivered the same samples (checksum of shard, index, tokens),
+    tokens, images and drops; delivered-batch runs also the same patch rows (their own
+    number of epochs, so they are compared among themselves). Returns the misfits."""
+    common = ("samples", "tokens", "images", "dropped", "checksum")
+    out: list[str] = []
+    ref: dict[str, tuple[str, tuple]] = {}
+    for key, rs in runs.items():
+        scope, fields = ("e2e", (*common, "patches", "pixel_sum")) if key.startswith("e2e:") \
+            else ("worker", common)
+        for r in rs:
+            got = tuple(r["tally"].get(f) for f in fields)
+            if scope not in ref:
+                ref[scope] = (key, got)
+            elif got != ref[scope][1]:
+                out.append(f"{key} rep {r['rep']}: {'/'.join(fields)} {got} != "
+                           f"{ref[scope][0]}'s {ref[scope][1]}")
+    return out
+
 
 def machine_info() -> dict:
     model = "?"
@@ -318,6 +399,7 @@ def machine_info() -> dict:
         "platform": platform.platform(), "pillow_backend": pillow_backend(),
         "pillow": version("pillow-simd") or version("Pillow"), "grain": version("grain"),
         "torch": version("torch"), "transformers": version("transformers"),
+        "spdl": version("spdl"), "megatron_energon": version("megatron-energon"),
     }
 
 
@@ -336,47 +418,97 @@ def _median_of(metrics: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarize(report: dict) -> dict:
-    """Medians, each loader's best, the ratios, the scaling table and the warnings, from
-    the runs in `report["configs"]` (so a saved bench.json can be summarized again)."""
-    order = ("zephon", "grain", "torch", "limit")
-    configs = report["configs"] = sorted(report["configs"],
-                                         key=lambda c: order.index(c["family"]))
+def _medians_and_best(configs: list[dict]) -> dict[str, str]:
+    """Fill each configuration's medians and run counts; return each family's best.
+
+    A family's best is the fastest by median among its most-repeated configurations (the
+    first pass's winner, run `reps` times), so one lucky single run never outranks a median.
+    """
     for c in configs:
         rs = c["runs"]
         good = [r for r in rs if not r["disturbed"]]
         use = good or rs
         c["runs_ok"], c["runs_disturbed"] = len(good), len(rs) - len(good)
         c["median"] = {k: _median_of(use, k) for k in METRICS} if use else {}
-    # A family's best is the fastest by median among its most-repeated configurations (the
-    # first pass's winner, run `reps` times), so one lucky single run never outranks a median.
     best: dict[str, str] = {}
-    for fam in ("zephon", "grain", "torch", "limit"):
+    for fam in FAMILIES:
         cands = [c for c in configs if c["family"] == fam and c["median"].get("samples_per_s")]
         most = max((len(c["runs"]) for c in cands), default=0)
         cands = [c for c in cands if len(c["runs"]) == most]
         if cands:
             best[fam] = max(cands, key=lambda c: c["median"]["samples_per_s"])["name"]
+    return best
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x and y else None
+
+
+def _summarize_e2e(report: dict) -> None:
+    """The delivered-batch ratios of zephon's default against each loader's best."""
+    configs = report.get("e2e_configs") or []
+    if not configs:
+        report.pop("e2e", None)
+        return
+    configs.sort(key=lambda c: FAMILIES.index(c["family"]))
+    best = _medians_and_best(configs)
+    by_name = {c["name"]: c["median"] for c in configs}
+
+    def med(name: str | None, key: str = "samples_per_s") -> float | None:
+        return by_name.get(name, {}).get(key) if name else None
+
+    z = "zephon default"
+    worker = {c["name"]: c.get("median", {}) for c in report.get("configs", [])}
+    stage = worker.get(z, {}).get("samples_per_s")
+    e2e = {
+        "best": best,
+        "samples_per_s": {f: med(n) for f, n in best.items()},
+        "zephon_default_samples_per_s": med(z),
+        "ratio_vs_grain": _ratio(med(z), med(best.get("grain"))),
+        "ratio_vs_limit": _ratio(med(z), med(best.get("limit"))),
+        "ratio_vs_torch": _ratio(med(z), med(best.get("torch"))),
+        "peak_pss_vs_grain": _ratio(med(z, "peak_mem_mb"), med(best.get("grain"), "peak_mem_mb")),
+        "cpu_per_sample_vs_grain": _ratio(med(z, "cpu_s_per_sample"),
+                                          med(best.get("grain"), "cpu_s_per_sample")),
+        "cpu_per_sample_vs_limit": _ratio(med(z, "cpu_s_per_sample"),
+                                          med(best.get("limit"), "cpu_s_per_sample")),
+        "zephon_best_vs_grain": _ratio(med(best.get("zephon")), med(best.get("grain"))),
+        "e2e_over_worker_stage": _ratio(med(z), stage),
+        # the same run's last process stage over the same window: what the driver kept up with
+        "zephon_default_stage_in_run_samples_per_s": med(z, "stage_samples_per_s"),
+        "targets": {"ratio_vs_grain": 1.25, "ratio_vs_limit": 0.85,
+                    "e2e_over_worker_stage": 0.9, "peak_pss_vs_grain": 1.0},
+    }
+    if best.get("spdl"):
+        e2e["ratio_vs_spdl"] = _ratio(med(z), med(best.get("spdl")))
+    report["e2e"] = e2e
+    report["e2e_over_worker_stage"] = e2e["e2e_over_worker_stage"]
+
+
+def summarize(report: dict) -> dict:
+    """Medians, each loader's best, the ratios, the scaling table and the warnings, from
+    the runs in `report["configs"]` (worker stage) and `report["e2e_configs"]` (delivered
+    batches), so a saved bench.json can be summarized again."""
+    configs = report["configs"] = sorted(report.get("configs", []),
+                                         key=lambda c: FAMILIES.index(c["family"]))
+    best = _medians_and_best(configs)
     by_name = {c["name"]: c for c in configs}
 
     def rate(name: str | None) -> float | None:
         return by_name[name]["median"].get("samples_per_s") if name in by_name else None
-
-    def ratio(x: float | None, y: float | None) -> float | None:
-        return x / y if x and y else None
 
     def cpu(name: str | None) -> float | None:
         return by_name[name]["median"].get("cpu_s_per_sample") if name in by_name else None
 
     report["best"] = best
     report["best_samples_per_s"] = {f: rate(n) for f, n in best.items()}
-    report["ratio_vs_grain"] = ratio(rate(best.get("zephon")), rate(best.get("grain")))
-    report["ratio_vs_limit"] = ratio(rate(best.get("zephon")), rate(best.get("limit")))
-    report["ratio_vs_torch"] = ratio(rate(best.get("zephon")), rate(best.get("torch")))
-    report["zephon_default_vs_grain"] = ratio(rate("zephon default"), rate(best.get("grain")))
+    report["ratio_vs_grain"] = _ratio(rate(best.get("zephon")), rate(best.get("grain")))
+    report["ratio_vs_limit"] = _ratio(rate(best.get("zephon")), rate(best.get("limit")))
+    report["ratio_vs_torch"] = _ratio(rate(best.get("zephon")), rate(best.get("torch")))
+    report["zephon_default_vs_grain"] = _ratio(rate("zephon default"), rate(best.get("grain")))
     # CPU per sample does not depend on how much of the machine other jobs took
-    report["cpu_per_sample_vs_grain"] = ratio(cpu(best.get("zephon")), cpu(best.get("grain")))
-    report["cpu_per_sample_vs_limit"] = ratio(cpu(best.get("zephon")), cpu(best.get("limit")))
+    report["cpu_per_sample_vs_grain"] = _ratio(cpu(best.get("zephon")), cpu(best.get("grain")))
+    report["cpu_per_sample_vs_limit"] = _ratio(cpu(best.get("zephon")), cpu(best.get("limit")))
     if report.get("scaling") != {}:
         procs = [1, 2, 4]
         table: dict[str, list[float | None]] = {}
@@ -391,8 +523,11 @@ def summarize(report: dict) -> dict:
             "processes": procs, "samples_per_s": table,
             "note": "zephon: read, decode and tokenize fused in N processes (N = cores: the "
                     "default); "
-                    "Grain: mp_prefetch N workers, 1 read thread; limit: N processes"}
-    disturbed = sum(c["runs_disturbed"] for c in configs)
+                    "Grain: mp_prefetch N workers, 1 read thread; limit: N processes"} \
+            if table else {}
+    _summarize_e2e(report)
+    every = configs + (report.get("e2e_configs") or [])
+    disturbed = sum(c["runs_disturbed"] for c in every)
     limit = report["settings"].get("max_outside_load", 0.15)
     report["warnings"] = [
         f"{disturbed} run(s) were disturbed by other load on the machine (> {100 * limit:.0f}% "
@@ -403,14 +538,28 @@ def summarize(report: dict) -> dict:
 
 def render(path: str, out: Path) -> dict:
     """Summarize a saved bench.json again and write its table and chart."""
-    from zephon_bench.report import chart, markdown
+    from zephon_bench.report import markdown
 
     report = summarize(json.loads(Path(path).read_text()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1))
     (out / "bench.md").write_text(markdown(report))
-    chart(report, out / "bench.png")
+    charts(report, out)
     return report
+
+
+def charts(report: dict, out: Path) -> list[Path]:
+    """bench-e2e.png (delivered batches) and bench.png (worker stage), those with runs."""
+    from zephon_bench.report import chart, e2e_chart
+
+    done = []
+    if report.get("e2e"):
+        e2e_chart(report, out / "bench-e2e.png")
+        done.append(out / "bench-e2e.png")
+    if any(c.get("median") for c in report.get("configs", [])):
+        chart(report, out / "bench.png")
+        done.append(out / "bench.png")
+    return done
 
 
 def _data(args: argparse.Namespace, samples: int) -> Any:
@@ -430,7 +579,7 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zephon_bench.report import chart, markdown
+    from zephon_bench.report import markdown
     from zephon_bench.workload import WorkSpec
 
     from zephon_core import qwen_tokenizer_dir
@@ -454,7 +603,7 @@ def run(args: argparse.Namespace) -> int:
     ncpu = machine["nproc"]
     ds = _data(args, samples)
     spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
-                    draft=args.draft, epochs=epochs)
+                    draft=args.draft, epochs=epochs, normalize=args.normalize)
     # index the shards once here, so no run pays for it
     from zephon_vl import WebDatasetReader
 
@@ -462,8 +611,13 @@ def run(args: argparse.Namespace) -> int:
     for s in range(reader.num_shards):
         reader.index(s)
     spec_json = spec.to_json()
+    e2e_spec = {**spec_json, "epochs": args.e2e_epochs or 2}
     preload(spec_json)
-    cfgs = configurations(quick, ncpu, not args.no_scaling)
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"e2e", "worker"}:
+        raise SystemExit(f"--modes takes e2e and/or worker, got {args.modes!r}")
+    cfgs = (e2e_configurations(quick, ncpu) if "e2e" in modes else []) + \
+        (configurations(quick, ncpu, not args.no_scaling) if "worker" in modes else [])
     if args.only:
         keep = set(args.only.split(","))
         cfgs = [c for c in cfgs if c["family"] in keep]
@@ -478,7 +632,7 @@ def run(args: argparse.Namespace) -> int:
     if load_before > args.max_outside_load:
         _say(f"  warning: the machine is {100 * load_before:.0f}% busy before the benchmark "
              "starts; expect disturbed runs (figures are then noisy, CPU ms/sample less so)")
-    runs: dict[str, list[dict]] = {c["name"]: [] for c in cfgs}
+    runs: dict[str, list[dict]] = {_key(c): [] for c in cfgs}
     failures: list[str] = []
     retry_budget = [retries]
 
@@ -501,8 +655,12 @@ def run(args: argparse.Namespace) -> int:
         while True:
             if wait_each > 0:
                 wait_for_quiet()
-            tag = f"r{rep}-a{attempt}-{cfg['name'].replace(' ', '_').replace('=', '')}"
-            r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
+            tag = f"r{rep}-a{attempt}-{cfg['mode']}-" + "".join(
+                ch if ch.isalnum() else "_" for ch in cfg["name"])
+            if cfg["mode"] == "e2e":
+                r = run_one(cfg, e2e_spec, logdir, timeout, tag, warm, E2E_END_FRAC)
+            else:
+                r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
             if not r["ok"]:
                 failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
                 _say(f"  FAILED {cfg['name']}: {r['error']}")
@@ -510,8 +668,8 @@ def run(args: argparse.Namespace) -> int:
             m = r["metrics"]
             r["disturbed"] = m["outside_load"] > args.max_outside_load
             r["rep"], r["attempt"] = rep, attempt
-            runs[cfg["name"]].append(r)
-            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {cfg['name'][:46]:<46} "
+            runs[_key(cfg)].append(r)
+            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {_key(cfg)[:50]:<50} "
                  f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
                  f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
                  f"outside {100 * m['outside_load']:3.0f}%"
@@ -526,12 +684,14 @@ def run(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         measure(cfg, 0)
     finals = [c for c in cfgs if c["name"] == "zephon default"]
-    for fam in ("zephon", "grain", "torch", "limit"):
-        cands = [c for c in cfgs if c["family"] == fam and runs[c["name"]]]
-        if cands:
-            top = max(cands, key=lambda c: _median(_usable(runs[c["name"]]), "samples_per_s"))
-            if top not in finals:
-                finals.append(top)
+    for mode in modes:
+        for fam in FAMILIES:
+            cands = [c for c in cfgs if c["mode"] == mode and c["family"] == fam
+                     and runs[_key(c)]]
+            if cands:
+                top = max(cands, key=lambda c: _median(_usable(runs[_key(c)]), "samples_per_s"))
+                if top not in finals:
+                    finals.append(top)
     for rep in range(1, reps):
         order = finals[rep % len(finals):] + finals[:rep % len(finals)]
         for cfg in order:
@@ -544,23 +704,14 @@ def run(args: argparse.Namespace) -> int:
         _say(f"  breakdown: {breakdown['total_ms_per_sample']:.2f} ms/sample in one process")
 
     # --- checks: the same samples and tokens for every run -----------------------------
-    ref = None
-    mismatches = []
-    for name, rs in runs.items():
-        for r in rs:
-            t = r["tally"]
-            key = (t["samples"], t["tokens"], t["images"], t["dropped"], t["checksum"])
-            if ref is None:
-                ref = (name, key)
-            elif key != ref[1]:
-                mismatches.append(f"{name} rep {r['rep']}: samples/tokens/images/dropped/"
-                                  f"checksum {key} != {ref[0]}'s {ref[1]}")
+    mismatches = check_tallies(runs)
     # --- summary ------------------------------------------------------------------------
     configs_out = [{**c, "runs": [{"rep": r["rep"], "attempt": r["attempt"],
                                    "disturbed": r["disturbed"], **r["metrics"],
-                                   "plan": r["extra"].get("plan")} for r in runs[c["name"]]]}
+                                   "plan": r["extra"].get("plan"),
+                                   "tally": r["tally"]} for r in runs[_key(c)]]}
                    for c in cfgs]
-    tally = runs[cfgs[0]["name"]][0]["tally"] if runs[cfgs[0]["name"]] else {}
+    tally = runs[_key(cfgs[0])][0]["tally"] if runs[_key(cfgs[0])] else {}
     report = {
         "format": "zephon-vl-bench", "version": 1,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -570,8 +721,11 @@ def run(args: argparse.Namespace) -> int:
         "settings": {**spec_json, "samples": ds.num_samples, "images": ds.num_images,
                      "data": str(ds.root), "delivered": tally,
                      "max_outside_load": args.max_outside_load, "warmup": warm,
-                     "machine_load_before": load_before},
-        "configs": configs_out, "scaling": {} if args.no_scaling else None,
+                     "machine_load_before": load_before, "e2e_epochs": e2e_spec["epochs"],
+                     "e2e_window": [warm, E2E_END_FRAC]},
+        "configs": [c for c in configs_out if c["mode"] == "worker"],
+        "e2e_configs": [c for c in configs_out if c["mode"] == "e2e"],
+        "scaling": {} if args.no_scaling or "worker" not in modes else None,
         "breakdown": breakdown,
         "checks": {"ok": not mismatches and not failures, "same_samples_and_tokens":
                    not mismatches, "mismatches": mismatches, "failures": failures},
@@ -586,12 +740,12 @@ def run(args: argparse.Namespace) -> int:
     md = markdown(report)
     (out / "bench.md").write_text(md)
     try:
-        chart(report, out / "bench.png")
+        charts(report, out)
     except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
         _say(f"  (chart failed: {exc})")
     print(md)
     _say(f"zephon-vl bench: {report['elapsed_s']:.0f} s; wrote {out / 'bench.json'}, "
-         f"{out / 'bench.md'}, {out / 'bench.png'}")
+         f"{out / 'bench.md'} and the charts")
     if mismatches or failures:
         for line in mismatches + failures:
             _say(f"ERROR: {line}")

@@ -43,6 +43,9 @@ class WorkSpec:
     #: passes over the data: with 2, the second pass is measured with every loader warm
     epochs: int = 1
     seed: int = 0
+    #: ``ImageSettings.normalize`` of the collate: "device" (uint8 rows + table, normalized
+    #: by ``to_device`` on the accelerator) or "collate" (float32 rows made on the CPU)
+    normalize: str = "device"
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -56,7 +59,8 @@ class WorkSpec:
     def image_settings(self) -> Any:
         from zephon_vl import ImageSettings
 
-        return ImageSettings(max_pixels=self.max_pixels, draft=self.draft)
+        return ImageSettings(max_pixels=self.max_pixels, draft=self.draft,
+                             normalize=self.normalize)
 
     def recipe(self) -> Any:
         """zephon's VLM recipe over the shards, one epoch (every sample exactly once)."""
@@ -78,6 +82,8 @@ class Work:
     fn: StageFn
     pack: CombinerOp
     pointers: list[Pointer] = field(default_factory=list)
+    #: the recipe's collate (rows -> training tensors), for the delivered-batch runs
+    collate: Any = None
 
     @classmethod
     def build(cls, spec: WorkSpec) -> Work:
@@ -95,7 +101,8 @@ class Work:
         # the raw limit); zephon shuffles by itself. The order changes no per-sample work.
         rng = np.random.default_rng(spec.seed)
         order = np.concatenate([rng.permutation(len(pointers)) for _ in range(spec.epochs)])
-        return cls(spec, StageFn(transforms), pack, [pointers[i] for i in order])
+        return cls(spec, StageFn(transforms), pack, [pointers[i] for i in order],
+                   recipe.collate)
 
     def process(self, seq: int, p: Pointer) -> tuple[Origin, Any]:
         """One sample through read + decode + tokenize (a zephon worker's exact call)."""
@@ -119,6 +126,9 @@ class Tally:
     rows: int = 0
     dropped: int = 0
     checksum: int = 0
+    #: delivered-batch runs only: patch rows, and (when asked) an exact sum of their values
+    patches: int = 0
+    pixel_sum: int = 0
 
     def add_rows(self, rows: Iterable[Row]) -> tuple[int, int, int]:
         s = t = im = 0

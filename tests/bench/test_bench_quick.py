@@ -1,10 +1,11 @@
 """Smoke test of the benchmark harness's plumbing (not a timed test: no figure is checked).
 
-Every loader family runs in this process on a tiny data set (zephon inline,
-Grain and torch without worker processes, the raw limit in one forked
-process), and all must deliver the same samples, tokens and checksum; the
-metrics, the markdown table, the chart and the `bench` command's arguments
-are exercised on synthetic numbers.
+Every loader family runs on a tiny data set (zephon inline, Grain and torch
+without worker processes or with one, SPDL with one process, the raw limit in
+forked processes), at the worker stage and as delivered (collated) batches,
+and all must deliver the same samples, tokens, checksum and, for batches,
+the same patch rows bit for bit; the metrics, the markdown tables, the charts
+and the `bench` command's arguments are exercised on synthetic numbers.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ import pytest
 pytest.importorskip("grain")
 pytest.importorskip("psutil")
 
-from zephon_bench import loaders, measure, report
-from zephon_bench.vlm_bench import METRICS, configurations, summarize
+from zephon_bench import e2e, loaders, measure, report
+from zephon_bench.vlm_bench import (
+    METRICS,
+    check_tallies,
+    configurations,
+    e2e_configurations,
+    have_spdl,
+    summarize,
+)
 from zephon_bench.workload import Work, WorkSpec
 
 
@@ -53,6 +61,40 @@ def test_every_loader_delivers_the_same_samples_and_tokens(spec: WorkSpec) -> No
         assert tr.t_end is not None and tr.t_end >= tr.t_start, name
         json.dumps(tr.to_json())
     assert traces["zephon"].extra["plan"] == ["read+decode+tokenize:inlinex1"]
+
+
+def test_every_loader_delivers_the_same_collated_batches(spec: WorkSpec) -> None:
+    """Delivered batches: the same samples, tokens, images, patch rows and pixel values
+    (an exact sum) for every loader, however each packs; the same samples as the worker
+    stage."""
+    runs = {
+        "zephon": ({"cli": ["--runner", "inline"]}),
+        "grain": ({"workers": 1, "threads": 1}),
+        "torch": ({"workers": 2}),
+        "limit": ({"processes": 2}),
+    }
+    if have_spdl():
+        runs["spdl"] = {"workers": 1}
+    traces = {k: e2e.RUNNERS[k](spec, {**v, "pixels": True}) for k, v in runs.items()}
+    ref = traces["limit"].tally
+    worker = loaders.run_limit(spec, {"processes": 1}).tally
+    assert (ref.samples, ref.tokens, ref.dropped, ref.checksum) == \
+        (worker.samples, worker.tokens, worker.dropped, worker.checksum)
+    assert ref.patches > 0 and ref.pixel_sum > 0 and ref.images == worker.images
+    for name, tr in traces.items():
+        t = tr.tally
+        assert (t.samples, t.tokens, t.images, t.dropped, t.checksum, t.patches, t.pixel_sum) \
+            == (ref.samples, ref.tokens, ref.images, ref.dropped, ref.checksum, ref.patches,
+                ref.pixel_sum), name
+        assert sum(e[1] for e in tr.events) == ref.samples, name
+        assert tr.t_first is not None and tr.t_end >= tr.t_first, name
+        json.dumps(tr.to_json())
+    # the harness's check names a run that differs
+    runs_out = {f"e2e: {k}": [{"rep": 0, "tally": tr.tally.to_json()}]
+                for k, tr in traces.items()}
+    assert check_tallies(runs_out) == []
+    runs_out["e2e: grain"][0]["tally"] = {**runs_out["e2e: grain"][0]["tally"], "pixel_sum": 1}
+    assert len(bad := check_tallies(runs_out)) == 1 and bad[0].startswith("e2e: grain rep 0")
 
 
 def test_metrics_on_a_synthetic_run() -> None:
@@ -99,10 +141,49 @@ def test_best_is_a_median_of_repeated_runs() -> None:
     assert out["ratio_vs_grain"] == pytest.approx(300 / 200)
 
 
+def test_e2e_ratios_against_targets(tmp_path: Path) -> None:
+    """zephon's default against each loader's best delivered rate, and its worker stage."""
+    def runs(rate: float, pss: float = 1000.0, n: int = 3) -> list[dict]:
+        return [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": rate,
+                 "peak_mem_mb": pss}] * n
+
+    def cfg(name: str, family: str, rs: list[dict], mode: str = "e2e") -> dict:
+        return {"name": name, "family": family, "scaling": None, "mode": mode, "runs": rs}
+
+    rep = {"settings": {}, "scaling": {}, "configs": [
+        cfg("zephon default", "zephon", runs(400), "worker")], "e2e_configs": [
+        cfg("zephon default", "zephon", runs(380, 900)),
+        cfg("zephon lucky", "zephon", runs(500, n=1)),
+        cfg("grain a", "grain", runs(250, 1200)), cfg("grain b", "grain", runs(300, 1000)),
+        cfg("torch", "torch", runs(200)), cfg("spdl", "spdl", runs(190)),
+        cfg("raw", "limit", runs(400, 500))]}
+    out = summarize(rep)["e2e"]
+    assert out["best"] == {"zephon": "zephon default", "grain": "grain b", "torch": "torch",
+                           "spdl": "spdl", "limit": "raw"}
+    assert out["ratio_vs_grain"] == pytest.approx(380 / 300)
+    assert out["ratio_vs_limit"] == pytest.approx(380 / 400)
+    assert out["ratio_vs_torch"] == pytest.approx(380 / 200)
+    assert out["ratio_vs_spdl"] == pytest.approx(380 / 190)
+    assert out["peak_pss_vs_grain"] == pytest.approx(900 / 1000)
+    assert rep["e2e_over_worker_stage"] == out["e2e_over_worker_stage"] == pytest.approx(0.95)
+    rep.update(mode="quick", date="2025-01-01T00:00:00+00:00", reps=3, machine={
+        "cpu_model": "cpu", "nproc": 2, "pillow_backend": "pillow-simd"})
+    rep["settings"] = {"samples": 10, "images": 12, "seq_len": 2048, "batch_rows": 16,
+                       "max_pixels": 401408, "draft": False, "normalize": "device"}
+    md = report.markdown(rep)
+    assert "Delivered training batches" in md and "| SPDL | **spdl** |" in md
+    assert "`ratio_vs_grain` (/ Grain best) | **1.27** | >= 1.25" in md
+    report.e2e_chart(rep, tmp_path / "e.png")
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_grid_report_and_command(tmp_path: Path) -> None:
     cfgs = configurations(quick=True, ncpu=2, scaling=True)
     fams = {c["family"] for c in cfgs}
     assert fams == {"zephon", "grain", "torch", "limit"}
+    assert {c["family"] for c in e2e_configurations(False, 2, spdl=True)} == \
+        {"zephon", "grain", "torch", "spdl", "limit"}
+    assert {c["mode"] for c in e2e_configurations(True, 2, spdl=False)} == {"e2e"}
     assert sorted(c["scaling"] for c in cfgs if c["family"] == "limit") == [1, 2, 4]
     med = {k: 1.0 for k in METRICS}
     rep = {
