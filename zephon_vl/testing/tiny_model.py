@@ -119,9 +119,35 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
 def fold_vocab(micro: list[tuple[dict[str, Any], torch.Tensor]],
                vocab: int) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """Fold token ids and labels modulo ``vocab`` (labels -100 stay): a cheap stand-in for
-    the full vocabulary on CPU, applied after the batches are hashed."""
-    return [({**x, "input": x["input"] % vocab}, torch.where(y >= 0, y % vocab, y))
-            for x, y in micro]
+    the full vocabulary on CPU, applied after the batches are hashed.
+
+    A VLM batch (one with ``special_tokens``) keeps its special ids apart: they move to
+    the top ``k`` ids of the folded vocabulary and ``special_tokens`` follows, while every
+    other id folds modulo ``vocab - k``. Folding them with the text would leave the model
+    looking for image placeholders that are no longer there.
+    """
+    return [_fold_one(x, y, vocab) for x, y in micro]
+
+
+def _fold_one(x: dict[str, Any], y: torch.Tensor,
+              vocab: int) -> tuple[dict[str, Any], torch.Tensor]:
+    special = x.get("special_tokens")
+    if not special:
+        return {**x, "input": x["input"] % vocab}, torch.where(y >= 0, y % vocab, y)
+    ids = sorted(set(special.values()))
+    if len(ids) >= vocab:
+        raise ValueError(f"cannot fold into {vocab} ids: {len(ids)} are special")
+    base = vocab - len(ids)
+    moved = {old: base + i for i, old in enumerate(ids)}
+
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        out = torch.where(t >= 0, t % base, t)
+        for old, new in moved.items():
+            out = torch.where(t == old, torch.full_like(t, new), out)
+        return out
+
+    return ({**x, "input": fold(x["input"]),
+             "special_tokens": {k: moved[v] for k, v in special.items()}}, fold(y))
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 8e-4) -> torch.optim.Optimizer:
