@@ -25,9 +25,28 @@ import torch
 QWEN_VOCAB = 248320
 
 
+def shrink_model_config(model: Any, layers: int = 0, vision_layers: int = 0) -> None:
+    """Keep the first `layers` decoder layers and `vision_layers` vision blocks (0 = all).
+
+    For tiny models on a CPU: qwen3_5's first 4 layers are 3 gated delta-net layers and
+    its first full-attention layer.
+    """
+    if layers:
+        model.layers = model.layers[:layers]
+        if hasattr(model, "n_layers"):
+            model.n_layers = len(model.layers)
+    if vision_layers:
+        encoder = getattr(model, "vision_encoder", None)
+        if encoder is None:
+            raise ValueError("vision_layers: this model has no vision encoder")
+        encoder.num_layers = vision_layers
+
+
 def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed: int = 0,
-                vocab_size: int = QWEN_VOCAB) -> torch.nn.Module:
-    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``."""
+                vocab_size: int = QWEN_VOCAB, layers: int = 0,
+                vision_layers: int = 0) -> torch.nn.Module:
+    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``;
+    `layers`/`vision_layers` as in `shrink_model_config`."""
     device = torch.device(device)
     if device.type == "cpu":
         from zephon_vl.testing.titan_cpu import apply
@@ -48,6 +67,7 @@ def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed
         cfg.vocab_size = vocab_size
         cfg.tok_embeddings.num_embeddings = vocab_size
         cfg.lm_head.out_features = vocab_size
+    shrink_model_config(cfg, layers, vision_layers)
     with torch.device("meta"):
         model = cfg.build()
     model.to_empty(device=device)

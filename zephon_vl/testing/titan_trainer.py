@@ -56,20 +56,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def shrink(config: Any, args: argparse.Namespace) -> None:
     """Apply ``--fold-vocab``, ``--layers`` and ``--vision-layers`` to a Trainer config."""
+    from zephon_vl.testing.tiny_model import shrink_model_config
     from zephon_vl.titan.config_registry import set_vocab_size
 
-    model = config.model_spec.model
     if args.fold_vocab:
         set_vocab_size(config, args.fold_vocab)
-    if args.layers:
-        model.layers = model.layers[:args.layers]
-        if hasattr(model, "n_layers"):
-            model.n_layers = len(model.layers)
-    if args.vision_layers:
-        encoder = getattr(model, "vision_encoder", None)
-        if encoder is None:
-            raise SystemExit("--vision-layers: this model has no vision encoder")
-        encoder.num_layers = args.vision_layers
+    try:
+        shrink_model_config(config.model_spec.model, args.layers, args.vision_layers)
+    except ValueError as exc:
+        raise SystemExit(f"zephon_vl.testing.titan_trainer: {exc}") from None
     config.metrics.log_freq = 1
 
 
