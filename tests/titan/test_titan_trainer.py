@@ -58,8 +58,8 @@ def _image_presence(recipe: str) -> list[list[bool]]:
 def test_without_the_filler_a_rank_without_an_image_breaks_the_fsdp_step(d2_runs):
     _, unguarded_recipe, guarded, unguarded = d2_runs
     # the data: with the filler off, some micro-step has an image on one rank only
-    assert [True, False] in _image_presence(str(unguarded_recipe)) or \
-        [False, True] in _image_presence(str(unguarded_recipe))
+    presence = _image_presence(str(unguarded_recipe))
+    assert [True, False] in presence or [False, True] in presence, presence
     assert all(all(m) for m in _image_presence("vlm-mix-demo"))
     # the training: off -> step 1 never completes (collective mismatch or hang); on -> it does
     assert not unguarded.ok and 1 not in unguarded.losses
