@@ -21,7 +21,7 @@ own. This launcher adds only what tests and ``scripts/gpu_smoke.py`` need:
 Without CUDA it applies ``zephon_vl.testing.titan_cpu`` first (gloo, CPU patches).
 
 From Python, `TrainerJob` starts such a run in the background and `TrainerJob.wait`
-gives a `TrainerResult` (losses by step, the ledger's digests, whether it timed out).
+gives a `TrainerResult` (losses by step, the ledger file, whether it timed out).
 """
 
 from __future__ import annotations
