@@ -50,3 +50,15 @@ def test_a_batch_over_the_pinned_budget_falls_back_with_a_warning(caplog) -> Non
     with caplog.at_level(logging.WARNING, logger="zephon_vl.ops.device"):
         moved = to_device(batch, "cuda", pinned_budget_bytes=1)
     assert moved["input"].is_cuda and "pinned budget" in caplog.text
+
+
+def test_a_micro_batch_without_images_normalizes_to_an_empty_float_tensor() -> None:
+    """A text-only micro-batch (filler off) has 0 patch rows; it must not crash the move."""
+    from zephon_vl.media.image import normalization_table
+
+    table = torch.from_numpy(normalization_table(IMAGE).copy())
+    empty = torch.zeros((0, 3 * 2 * 16 * 16), dtype=torch.uint8)
+    out = normalize_pixels(empty, table)
+    assert out.shape == (0, 3 * 2 * 16 * 16) and out.dtype == table.dtype
+    moved = to_device({"pixel_values": empty, "pixel_lut": table}, "cpu")
+    assert moved["pixel_values"].shape == (0, 3 * 2 * 16 * 16)

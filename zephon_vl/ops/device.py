@@ -33,7 +33,7 @@ def normalize_pixels(pixel_values: torch.Tensor, table: torch.Tensor) -> torch.T
     out = torch.empty((n, 3, width // 3), dtype=table.dtype, device=pixel_values.device)
     for c in range(3):
         index = rows[:, c].reshape(-1).to(torch.int32) + c * 256
-        out[:, c] = torch.index_select(table, 0, index).view(n, -1)
+        out[:, c] = torch.index_select(table, 0, index).view(n, width // 3)
     return out.view(n, width)
 
 

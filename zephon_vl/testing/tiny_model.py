@@ -25,9 +25,28 @@ import torch
 QWEN_VOCAB = 248320
 
 
+def shrink_model_config(model: Any, layers: int = 0, vision_layers: int = 0) -> None:
+    """Keep the first `layers` decoder layers and `vision_layers` vision blocks (0 = all).
+
+    For tiny models on a CPU: qwen3_5's first 4 layers are 3 gated delta-net layers and
+    its first full-attention layer.
+    """
+    if layers:
+        model.layers = model.layers[:layers]
+        if hasattr(model, "n_layers"):
+            model.n_layers = len(model.layers)
+    if vision_layers:
+        encoder = getattr(model, "vision_encoder", None)
+        if encoder is None:
+            raise ValueError("vision_layers: this model has no vision encoder")
+        encoder.num_layers = vision_layers
+
+
 def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed: int = 0,
-                vocab_size: int = QWEN_VOCAB) -> torch.nn.Module:
-    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``."""
+                vocab_size: int = QWEN_VOCAB, layers: int = 0,
+                vision_layers: int = 0) -> torch.nn.Module:
+    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``;
+    `layers`/`vision_layers` as in `shrink_model_config`."""
     device = torch.device(device)
     if device.type == "cpu":
         from zephon_vl.testing.titan_cpu import apply
@@ -48,6 +67,7 @@ def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed
         cfg.vocab_size = vocab_size
         cfg.tok_embeddings.num_embeddings = vocab_size
         cfg.lm_head.out_features = vocab_size
+    shrink_model_config(cfg, layers, vision_layers)
     with torch.device("meta"):
         model = cfg.build()
     model.to_empty(device=device)
@@ -119,9 +139,35 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
 def fold_vocab(micro: list[tuple[dict[str, Any], torch.Tensor]],
                vocab: int) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """Fold token ids and labels modulo ``vocab`` (labels -100 stay): a cheap stand-in for
-    the full vocabulary on CPU, applied after the batches are hashed."""
-    return [({**x, "input": x["input"] % vocab}, torch.where(y >= 0, y % vocab, y))
-            for x, y in micro]
+    the full vocabulary on CPU, applied after the batches are hashed.
+
+    A VLM batch (one with ``special_tokens``) keeps its special ids apart: they move to
+    the top ``k`` ids of the folded vocabulary and ``special_tokens`` follows, while every
+    other id folds modulo ``vocab - k``. Folding them with the text would leave the model
+    looking for image placeholders that are no longer there.
+    """
+    return [_fold_one(x, y, vocab) for x, y in micro]
+
+
+def _fold_one(x: dict[str, Any], y: torch.Tensor,
+              vocab: int) -> tuple[dict[str, Any], torch.Tensor]:
+    special = x.get("special_tokens")
+    if not special:
+        return {**x, "input": x["input"] % vocab}, torch.where(y >= 0, y % vocab, y)
+    ids = sorted(set(special.values()))
+    if len(ids) >= vocab:
+        raise ValueError(f"cannot fold into {vocab} ids: {len(ids)} are special")
+    base = vocab - len(ids)
+    moved = {old: base + i for i, old in enumerate(ids)}
+
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        out = torch.where(t >= 0, t % base, t)
+        for old, new in moved.items():
+            out = torch.where(t == old, torch.full_like(t, new), out)
+        return out
+
+    return ({**x, "input": fold(x["input"]),
+             "special_tokens": {k: moved[v] for k, v in special.items()}}, fold(y))
 
 
 def make_optimizer(model: torch.nn.Module, lr: float = 8e-4) -> torch.optim.Optimizer:
