@@ -57,6 +57,12 @@ __all__ = ["BalanceSettings", "BalancedPack", "BalancedPacker"]
 
 #: a light step takes no document whose cost alone exceeds its target by more than this
 LIGHT_SLACK = 0.08
+#: how much worse a step is for going over its target than under it: one lane over makes
+#: that step's max/mean over ranks, one lane under only lowers the mean a little
+OVERSHOOT = 8.0
+#: a group waits (reading text ahead) until the lane holds this many steps' targets of
+#: documents the step may take, so the subset search has a choice
+CHOICE = 2.0
 #: the most held costly documents the subset search looks at (oldest first)
 WINDOW = 24
 
@@ -239,7 +245,7 @@ class BalancedPacker(Combiner):
         if text < r * S:
             return False
         eligible = sum(self._cost(c) for c in self.costly if self._eligible(c))
-        enough = eligible >= self._target() * (1.0 + op.tolerance)
+        enough = eligible >= CHOICE * self._target()
         return enough or text > 4 * op.lookahead * r * S
 
     def flush(self) -> None:
@@ -275,7 +281,8 @@ class BalancedPacker(Combiner):
         return self._cost(seg) <= op.light * (1.0 + LIGHT_SLACK)
 
     def _choose(self, target: float) -> list[int]:
-        """Indices of held costly documents whose total cost is closest to `target`, among
+        """Indices of held costly documents whose total cost is closest to `target` (going
+        over counts `OVERSHOOT` times as much as staying under), among
         the oldest `WINDOW` eligible ones (older ones win ties); a heavy step always takes
         the oldest document that only a heavy step may take."""
         eligible = [i for i, s in enumerate(self.costly) if self._eligible(s)][:WINDOW]
@@ -295,7 +302,7 @@ class BalancedPacker(Combiner):
                 t = total + c
                 if t <= cap and t not in best:
                     best[t] = (*chosen, i)
-        total = min(best, key=lambda t: (abs(t - target), t))
+        total = min(best, key=lambda t: (max(t - target, 0) * OVERSHOOT + max(target - t, 0), t))
         return sorted(best[total])
 
     def _make_group(self, final: bool = False) -> None:
