@@ -302,6 +302,8 @@ class BalancedPacker(Combiner):
                 t = total + c
                 if t <= cap and t not in best:
                     best[t] = (*chosen, i)
+        if len(best) > 1:
+            best.pop(0, None)  # a lane that holds a document the step may take gives one
         total = min(best, key=lambda t: (max(t - target, 0) * OVERSHOOT + max(target - t, 0), t))
         return sorted(best[total])
 
@@ -333,6 +335,15 @@ class BalancedPacker(Combiner):
             for key, v in costs.items():
                 used[k][key] = used[k].get(key, 0) + v
             placed.add(i)
+        for k in range(r):  # a row with no chosen document and no text to come: the oldest
+            if rows[k] or self._held_text() >= S:
+                continue
+            for i, seg in enumerate(self.costly):
+                if i not in placed and self._fits_alone(seg):
+                    rows[k].append(seg)
+                    used[k] = {"tokens": seg.length, **self._costs(seg.payload)}
+                    placed.add(i)
+                    break
         self.costly = [s for i, s in enumerate(self.costly) if i not in placed]
         for k in range(r):
             room = S - used[k].get("tokens", 0)
@@ -346,6 +357,10 @@ class BalancedPacker(Combiner):
             raise RuntimeError(f"balanced packing made {len(rows)} rows, not {r} (a bug)")
         self.ready.extend(rows)
         self.group += 1
+
+    def _fits_alone(self, seg: Segment) -> bool:
+        return seg.length <= self.op.seq_len and all(
+            v <= self.op.limits.get(k, 1 << 62) for k, v in self._costs(seg.payload).items())
 
     def _take_text(self, room: int) -> list[Segment]:
         """Text for `room` tokens: whole documents in order, then a split one (or, without
