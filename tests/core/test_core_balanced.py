@@ -145,3 +145,38 @@ def test_settings_are_checked():
         balanced(heavy_every=1, heavy=10.0)
     assert balanced(heavy_every=3, heavy=12.0).target(2) == 12.0
     assert balanced(heavy_every=3, heavy=12.0).target(0) == pytest.approx((18 - 12) / 2)
+
+
+@pytest.mark.parametrize("kind", ["costly only", "text only", "costly then text"])
+def test_one_sided_streams_lose_nothing(kind):
+    import numpy as np
+
+    from zephon_core import Origin
+
+    op = balanced(budget=2.0, rows=3)
+    packer = op.make(0, 0)
+
+    def doc(i: int, costly: bool) -> dict:
+        out = {"tokens": np.arange(5 + i % 20, dtype=np.int32)}
+        if costly:
+            out["costs"] = {COST: 1 + i % 4}
+        return out
+
+    docs = {"costly only": [True] * 90, "text only": [False] * 90,
+            "costly then text": [True] * 60 + [False] * 60}[kind]
+    rows = []
+    for i, costly in enumerate(docs):
+        assert packer.push(Origin(i, 0, 0, i, 0), doc(i, costly)) is None
+        while (row := packer.pop_row()) is not None:
+            rows.append(row)
+    assert packer.held_origins() or rows
+    packer.flush()
+    while (row := packer.pop_row()) is not None:
+        rows.append(row)
+    assert not packer.held_origins()
+    seen: dict[int, int] = {}
+    for row in rows:
+        assert 0 < row.num_tokens <= op.seq_len
+        for s in row.segments:
+            seen[s.origin.seq] = seen.get(s.origin.seq, 0) + s.length
+    assert seen == {i: 5 + i % 20 for i in range(len(docs))}

@@ -222,9 +222,11 @@ class BalancedPacker(Combiner):
             return Dropped(f"over_limit:{over[0]}", f"{costs[over[0]]} > {self.op.limits[over[0]]}")
         seg = Segment(origin, payload, 0, n)
         if costs.get(self.op.cost, 0) > 0:
-            if n > S:
-                return Dropped("over_length", f"{n} tokens > seq_len {S} (a document with "
-                               f"{self.op.cost} is never split)")
+            if not self._fits_alone(seg):
+                room = S - self._reserve(costs)
+                why = "" if room == S else f" minus {S - room} for the row filler"
+                return Dropped("over_length", f"{n} tokens > seq_len {S}{why} (a document "
+                               f"with {self.op.cost} is never split)")
             self.costly.append(seg)
         else:
             room = S - self._filler_tokens()
@@ -325,9 +327,7 @@ class BalancedPacker(Combiner):
         for i in sorted(chosen, key=lambda j: (-self._cost(self.costly[j]), j)):
             seg = self.costly[i]
             costs = {"tokens": seg.length, **self._costs(seg.payload)}
-            fits = [k for k in range(r) if all(
-                used[k].get(key, 0) + v <= (S if key == "tokens" else op.limits.get(key, 1 << 62))
-                for key, v in costs.items())]
+            fits = [k for k in range(r) if self._fits(used[k], costs)]
             if not fits:
                 continue
             k = min(fits, key=lambda j: (used[j].get(op.cost, 0), j))
@@ -335,21 +335,15 @@ class BalancedPacker(Combiner):
             for key, v in costs.items():
                 used[k][key] = used[k].get(key, 0) + v
             placed.add(i)
-        for k in range(r):  # a row with no chosen document and no text to come: the oldest
-            if rows[k] or self._held_text() >= S:
-                continue
-            for i, seg in enumerate(self.costly):
-                if i not in placed and self._fits_alone(seg):
-                    rows[k].append(seg)
-                    used[k] = {"tokens": seg.length, **self._costs(seg.payload)}
-                    placed.add(i)
-                    break
-        self.costly = [s for i, s in enumerate(self.costly) if i not in placed]
         for k in range(r):
-            room = S - used[k].get("tokens", 0)
-            if used[k].get(op.cost, 0) == 0:
-                room -= self._filler_tokens()
-            rows[k].extend(self._take_text(room))
+            rows[k].extend(self._take_text(S - used[k].get("tokens", 0) - self._reserve(used[k])))
+            if not rows[k]:  # no text left for this row: the oldest held document fills it
+                for i, seg in enumerate(self.costly):
+                    if i not in placed and self._fits_alone(seg):
+                        rows[k].append(seg)
+                        placed.add(i)
+                        break
+        self.costly = [s for i, s in enumerate(self.costly) if i not in placed]
         rows = [row for row in rows if row]
         if not rows:
             raise RuntimeError("balanced packing made an empty group (a bug)")
@@ -358,9 +352,19 @@ class BalancedPacker(Combiner):
         self.ready.extend(rows)
         self.group += 1
 
+    def _reserve(self, used: dict[str, int]) -> int:
+        """Tokens a row with `used` keeps free for the filler (it gets one when popped)."""
+        filler = self.op.filler
+        return filler.num_tokens if filler is not None and not used.get(filler.cost) else 0
+
+    def _fits(self, used: dict[str, int], costs: dict[str, int]) -> bool:
+        after = {k: used.get(k, 0) + costs.get(k, 0) for k in set(used) | set(costs)}
+        if after["tokens"] + self._reserve(after) > self.op.seq_len:
+            return False
+        return all(v <= self.op.limits.get(k, 1 << 62) for k, v in after.items() if k != "tokens")
+
     def _fits_alone(self, seg: Segment) -> bool:
-        return seg.length <= self.op.seq_len and all(
-            v <= self.op.limits.get(k, 1 << 62) for k, v in self._costs(seg.payload).items())
+        return self._fits({}, {"tokens": seg.length, **self._costs(seg.payload)})
 
     def _take_text(self, room: int) -> list[Segment]:
         """Text for `room` tokens: whole documents in order, then a split one (or, without
