@@ -9,11 +9,12 @@ carry a target cost that is the same for every lane at that step:
 
 * documents with cost (images) and without (text) are held apart in a
   bounded lookahead buffer per lane;
-* a group is made when enough text is held to fill it and enough cost to
-  reach the step's target; its costly documents are the subset of the held
-  ones (the oldest `WINDOW` that the step may take) whose total is closest to
-  the target, spread over the group's rows, largest first, to the row with
-  the least cost;
+* a group is made when enough text is held to fill it and `CHOICE` times the
+  step's target of cost the step may take; its costly documents are the
+  subset of the held ones (the oldest `WINDOW` that the step may take) whose
+  total is closest to the target (going over counts `OVERSHOOT` times as much
+  as staying under), spread over the group's rows, largest first, to the row
+  with the least cost;
 * text fills the rest of each row, split across rows when `split_text`
   (the continuation restarts its positions like a split in `Pack`).
 
@@ -21,15 +22,19 @@ The target of step `t` is a pure function of `t` and the settings, so it is
 the same for every lane: `budget` per row on average; with `heavy_every = P`
 every `P`-th step is a *heavy* step of `heavy_budget` per group, which takes
 the documents too costly for the other (light) steps, and the light steps
-share the rest of the average. A small correction of at most `tolerance`
-(relative) follows the lane's held cost, so a lane whose supply runs ahead or
-behind the budget drifts back toward `lookahead` groups' worth held.
+share the rest of the average. A correction of at most `tolerance`
+(relative) follows what the lane holds: up while it holds more cost than
+`lookahead` groups' worth, down while it holds more text than `lookahead`
+groups' rows, so a lane whose supply runs ahead of or behind the budget
+drifts back.
 
-Worst cases (documented, deterministic): when a lane runs out of costly
-documents, its group takes what it holds (below target); when it holds more
-than `6 * lookahead` groups' worth, its group takes the oldest surplus (above
-target); when its held text exceeds `4 * rows_per_group` rows, a group is
-made with the costly documents it has. None of these depend on `D`.
+Worst cases (documented, deterministic): when a lane runs short of costly
+documents it reads text ahead, and once it holds `4 * lookahead` groups' rows
+of text its group takes what it has (below target); when it holds more than
+`6 * lookahead` groups' worth of cost, the oldest surplus goes (above
+target); with no text at all, `8 * lookahead * rows_per_group` held costly
+documents make rows on their own. None of these depend on `D`, and they
+bound what a lane holds (so restore cost, guarantee 7).
 
 The state (held documents, ready rows, the group counter) is a list of
 origins and slices, like `Pack`'s, and `check_state` validates it.
