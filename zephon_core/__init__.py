@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "Transform": "zephon_core.ops.contract",
     "IGNORE_INDEX": "zephon_core.ops.pack",
     "Pack": "zephon_core.ops.pack",
+    "BalancedPack": "zephon_core.ops.balanced",
+    "BalanceSettings": "zephon_core.ops.balanced",
     "RowFiller": "zephon_core.ops.pack",
     "Row": "zephon_core.ops.contract",
     "Segment": "zephon_core.ops.contract",

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon_core import (
+    BalancedPack,
+    BalanceSettings,
     ConfigError,
     Dataset,
     Pack,
@@ -73,7 +75,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
                epochs: int | None = None, index_cache: str | None = None,
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
-               image_every_row: bool | None = None) -> Recipe:
+               image_every_row: bool | None = None,
+               balance: BalanceSettings | Mapping[str, Any] | None = None) -> Recipe:
     """A VLM recipe over WebDataset shards and text files for a model `family`.
 
     A dataset is a list of shard paths or URLs, or one manifest (a path or URL
@@ -84,7 +87,9 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
     be settings or their fields as a mapping (a TOML table). `image_every_row`
     (None: the family's default) appends the placeholder image to rows without
-    one (guarantee 10).
+    one (guarantee 10). ``pack_mode="balanced"`` packs compute-balanced rows
+    (`BalancedPack`: each lane's rows of a step carry the same vision tokens)
+    under `balance` (a `BalanceSettings` or its ``[balance]`` table).
     """
     family = vision_family(family)
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
@@ -104,15 +109,33 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     if max_images is not None:
         limits["images"] = max_images
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
+    filler = image_filler(image, family, special) if image_every_row else None
+    if pack_mode == "balanced":
+        if balance is None:
+            raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
+                              "vision tokens per row ([balance] budget = ...); `zephon-vl "
+                              "balance` reports the mean of a recipe as "
+                              "mean_vision_tokens_per_row")
+        b = settings_from_table(BalanceSettings, balance, "balance")
+        packer: Any = BalancedPack(
+            seq_len, "vision_tokens", b.budget, rows_per_group=max(1, global_batch_size
+                                                                   // num_lanes),
+            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
+            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=special.pad,
+            filler=filler)
+    else:
+        if balance is not None:
+            raise ConfigError(f"balance settings apply to pack_mode='balanced', not "
+                              f"{pack_mode!r}")
+        packer = Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
+                      limits=limits, pad_id=special.pad, filler=filler)
     ops += [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
                            overlong="truncate" if overlong == "truncate" else "drop",
                            on_error=on_error, family=family),
-        Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
-             limits=limits, pad_id=special.pad,
-             filler=image_filler(image, family, special) if image_every_row else None),
+        packer,
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
@@ -131,6 +154,11 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
                       image=image, max_images=8, name="vlm-demo", **overrides)
 
 
+#: `vlm-mix-demo`'s balance: its mean vision tokens per row (`zephon-vl balance`), heavy
+#: steps for its 2- and 3-image documents (up to 3 x 256 vision tokens)
+MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
+
+
 def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
                  seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
@@ -144,8 +172,16 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
     demo = build_demo_dataset(num_samples=num_samples)
     image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
     overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
+    if overrides.get("pack_mode") == "balanced":
+        overrides.setdefault("balance", MIX_DEMO_BALANCE)
     return vlm_recipe({"photos": [str(s) for s in demo.shards],
                        "text": [str(p) for p in text_corpus()]},
                       qwen_tokenizer_dir(), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, name="vlm-mix-demo", **overrides)
+                      image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
+
+
+def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
+    """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
+    overrides.setdefault("pack_mode", "balanced")
+    return vlm_mix_demo(**{"name": "vlm-mix-demo-balanced", **overrides})

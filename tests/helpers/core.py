@@ -40,6 +40,16 @@ def to_tokens(payload: dict) -> dict:
     return {"id": int(payload["id"]), "tokens": toks.astype(np.int32)}
 
 
+def costed_tokens(payload: dict) -> dict:
+    """`to_tokens` where about one document in two (of at most 24 tokens) is "costly":
+    ``costs["vision"]`` in 2..4, like an image's vision tokens (balanced packing tests)."""
+    out = to_tokens(payload)
+    doc, n = int(payload["id"]), int(payload["n"])
+    if doc % 2 == 0 and 0 < n <= 24:
+        out["costs"] = {"vision": 2 + (doc * 7 + n) % 3}
+    return out
+
+
 COUNTER = {"tokens": 0}
 
 

@@ -175,7 +175,51 @@ def test_balance_command_reports_micro_batches_without_an_image(tmp_path, capsys
     assert report["zero_image_microbatches"] == 0
     assert report["steps"] == 3 and len(report["per_step"]) == 3
     for key in ("zero_image_microbatches_unguarded", "max_over_mean_vision_patches",
-                "max_over_mean_cost", "fill", "rows_without_own_image"):
+                "max_over_mean_cost", "fill", "rows_without_own_image",
+                "median_max_over_mean_vision_patches", "mean_vision_tokens_per_row"):
         assert key in report
+    assert report["per_step"][0]["max_over_mean_vision_patches"] >= 1.0
     rank = report["per_step"][0]["ranks"][0]
     assert set(rank) >= {"rows", "images", "vision_patches", "text_tokens", "cost"}
+
+
+def test_balanced_mixture_is_elastic_resumes_on_other_d_and_keeps_the_filler(shards) -> None:
+    def make():
+        return mix_recipe(shards, pack_mode="balanced", balance={"budget": 90.0})
+
+    ref = [r.sha256 for r in run_digests(make, 1, STEPS, INLINE)]
+    recs = list(run_digests(make, 2, STEPS, INLINE, save_at=2, resume_dp=[4]))
+    assert [r.sha256 for r in recs if r.phase == "run"] == ref
+    assert [r.sha256 for r in recs if r.phase == "resumed@2"] == ref[2:]
+    rows = rows_of(make(), 4, STEPS)
+    assert all(any(s.payload["grid_thw"] for s in r.segments) for r in rows)
+    assert all(r.num_tokens <= 1024 for r in rows)
+
+
+def test_balanced_mode_needs_a_budget_and_reads_a_balance_table(shards, tmp_path) -> None:
+    from zephon_core import BalancedPack
+    from zephon_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[balance\] budget"):
+        mix_recipe(shards, pack_mode="balanced")
+    with pytest.raises(ConfigError, match="unknown key 'budgett'"):
+        mix_recipe(shards, pack_mode="balanced", balance={"budgett": 1})
+    with pytest.raises(ConfigError, match="apply to pack_mode='balanced'"):
+        mix_recipe(shards, balance={"budget": 90.0})
+    path = tmp_path / "bal.toml"
+    path.write_text(f'''kind = "vlm"
+seq_len = 512
+global_batch_size = 4
+num_lanes = 2
+pack_mode = "balanced"
+[balance]
+budget = 80.0
+heavy_every = 4
+heavy_budget = 400.0
+[[datasets]]
+name = "photos"
+files = {json.dumps(shards)}
+''')
+    packer = load_recipe(path).ops[-1]
+    assert isinstance(packer, BalancedPack)
+    assert (packer.budget, packer.rows_per_group, packer.heavy_every) == (80.0, 2, 4)

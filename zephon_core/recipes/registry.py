@@ -53,6 +53,7 @@ _RECIPES: dict[str, FactoryRef] = {
     "text-demo": "zephon_core.recipes.text:text_demo",
     "vlm-demo": "zephon_vl.recipes:vlm_demo",
     "vlm-mix-demo": "zephon_vl.recipes:vlm_mix_demo",
+    "vlm-mix-demo-balanced": "zephon_vl.recipes:vlm_mix_demo_balanced",
 }
 _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",

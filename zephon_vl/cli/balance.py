@@ -42,12 +42,14 @@ class RowCost:
     tokens: int
     filler_tokens: int
     cost: float
+    #: vision tokens of the row's own documents (no filler), the unit of a balance budget
+    own_vision_tokens: int = 0
 
 
 def row_cost(row: Any, seq_len: int, vision_ids: np.ndarray,
              patch_weight: float = PATCH_WEIGHT) -> RowCost:
     """`row` (a packed `Row` of a VLM recipe) under the cost model of this module."""
-    images = own = patches = placeholders = tokens = filler = 0
+    images = own = patches = placeholders = tokens = filler = own_vt = 0
     attention = 0.0
     for seg in row.segments:
         n = seg.end - seg.start
@@ -57,12 +59,14 @@ def row_cost(row: Any, seq_len: int, vision_ids: np.ndarray,
         grids = seg.payload.get("grid_thw") or []
         images += len(grids)
         own += 0 if seg.origin.dataset < 0 else len(grids)
+        if seg.origin.dataset >= 0:
+            own_vt += int((seg.payload.get("costs") or {}).get("vision_tokens", 0))
         patches += sum(int(np.prod(g)) for g in grids)
         toks = np.asarray(seg.payload["tokens"][seg.start:seg.end])
         placeholders += int(np.isin(toks, vision_ids).sum())
         attention += n * n / seq_len
     cost = tokens + patch_weight * patches + attention
-    return RowCost(images, own, patches, tokens - placeholders, tokens, filler, cost)
+    return RowCost(images, own, patches, tokens - placeholders, tokens, filler, cost, own_vt)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -112,7 +116,8 @@ def _run(args: argparse.Namespace, image_every_row: bool | None) -> dict:
 def _summary(steps: list[list[list[RowCost]]], seq_len: int, microbatches: int) -> dict:
     per_step, zero_mb = [], 0
     worst_vp = worst_cost = 1.0
-    tokens = rows = filler = bare = 0
+    tokens = rows = filler = bare = own_vt = 0
+    ratios: dict[str, list[float]] = {"vision_patches": [], "cost": []}
     for t, ranks in enumerate(steps):
         entry = []
         for d, rows_ in enumerate(ranks):
@@ -132,17 +137,25 @@ def _summary(steps: list[list[list[RowCost]]], seq_len: int, microbatches: int) 
             filler += sum(r.filler_tokens for r in rows_)
             rows += len(rows_)
             bare += sum(1 for r in rows_ if r.own_images == 0)
+            own_vt += sum(r.own_vision_tokens for r in rows_)
         for key in ("vision_patches", "cost"):
             values = [e[key] for e in entry]
             ratio = max(values) / max(np.mean(values), 1e-9)
+            ratios[key].append(round(ratio, 4))
             if key == "vision_patches":
                 worst_vp = max(worst_vp, ratio)
             else:
                 worst_cost = max(worst_cost, ratio)
-        per_step.append({"step": t, "ranks": entry})
+        per_step.append({"step": t, "ranks": entry,
+                         "max_over_mean_vision_patches": ratios["vision_patches"][-1],
+                         "max_over_mean_cost": ratios["cost"][-1]})
     return {"steps": len(steps), "zero_image_microbatches": zero_mb,
             "max_over_mean_vision_patches": round(worst_vp, 4),
             "max_over_mean_cost": round(worst_cost, 4),
+            "median_max_over_mean_vision_patches":
+                round(float(np.median(ratios["vision_patches"] or [1.0])), 4),
+            "median_max_over_mean_cost": round(float(np.median(ratios["cost"] or [1.0])), 4),
+            "mean_vision_tokens_per_row": round(own_vt / max(rows, 1), 2),
             "fill": round(tokens / max(rows * seq_len, 1), 4),
             "filler_token_share": round(filler / max(tokens, 1), 4),
             "rows_without_own_image": round(bare / max(rows, 1), 4),
