@@ -73,6 +73,17 @@ def test_cli_reports_a_bad_file_in_one_line(tmp_path: Path,
     assert len(err) == 1 and str(path) in err[0] and "'colour'" in err[0], err
 
 
+def test_cli_stall_drops_stops_a_lane_that_drops_everything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--stall-drops reaches Execution: every document is longer than seq_len."""
+    path = write_text_recipe(tmp_path, 'overlong = "drop"')
+    path.write_text(path.read_text().replace("seq_len = 64", "seq_len = 8"))
+    args = ["digest", "--recipe", str(path), "--steps", "1", "--runner", "inline"]
+    assert main([*args, "--stall-drops", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "7 over_length" in err and "seq_len 8 is smaller" in err, err
+
+
 def test_user_registrations(tmp_path: Path) -> None:
     register_recipe("tiny-text-demo", lambda **kw: text_demo(**{"num_lanes": 2, **kw}))
     assert "tiny-text-demo" in builtin_names()

@@ -54,6 +54,12 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backlog-mb", type=int, default=(Execution.backlog_bytes or 0) >> 20,
                    help="MiB of finished documents a rank's lanes may hold before they stop "
                    "drawing (backpressure; 0: no bound)")
+    g.add_argument("--stall-seconds", type=float, default=Execution.stall_seconds or 0,
+                   metavar="SECONDS", help="log each lane's drops by reason after this long "
+                   "without a new row, repeated while it lasts (0: never)")
+    g.add_argument("--stall-drops", type=int, default=Execution.stall_drops or 0, metavar="N",
+                   help="stop with an error naming the reasons when a lane drops N samples "
+                   "in a row, e.g. every sample longer than seq_len (0: never)")
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -77,7 +83,8 @@ def execution_from(args: argparse.Namespace) -> Execution:
                      prefetch_steps=args.prefetch_steps,
                      retry=RetryPolicy(deadline=args.retry_deadline),
                      coalesce=Coalesce(max_bytes=args.coalesce_bytes),
-                     backlog_bytes=(args.backlog_mb << 20) or None)
+                     backlog_bytes=(args.backlog_mb << 20) or None,
+                     stall_seconds=args.stall_seconds or None, stall_drops=args.stall_drops or None)
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:
