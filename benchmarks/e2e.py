@@ -93,7 +93,7 @@ def deliver(trace: Trace, batch: dict, ids: np.ndarray, dropped: int,
     tally.images += images
     tally.rows += int(batch["input"].shape[0])
     tally.dropped += int(dropped)
-    tally.patches += int(batch["pixel_values"].shape[0])
+    tally.patches += int(batch["grid_thw"].prod(dim=1).sum())
     for shard, index, tok in ids.tolist():
         tally.checksum = (tally.checksum + sample_checksum(shard, index, tok)) % (1 << 64)
     if pixels:
@@ -329,7 +329,7 @@ def _limit_worker(work: Work, share: list[tuple[int, Pointer]], ready: Any, star
         b = collate_rows(work, batch)
         ids, dropped = _side(b)
         done.append((now(), ids, dropped, int(b["grid_thw"].shape[0]), int(b["input"].shape[0]),
-                     int(b["pixel_values"].shape[0]),
+                     int(b["grid_thw"].prod(dim=1).sum()),
                      pixel_sum(b["pixel_values"]) if pixels else 0))
         batch.clear()
 

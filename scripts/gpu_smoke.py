@@ -3,7 +3,8 @@
 
     python scripts/gpu_smoke.py --json smoke.json    # one CUDA GPU (the default when present)
     python scripts/gpu_smoke.py --device cpu --runner inline --steps 3 --save-at 2 \\
-        --fold-vocab 2048 --layers 4 --vision-layers 1 --max-pixels 16384   # anywhere, slowly
+        --fold-vocab 2048 --layers 4 --vision-layers 1 --max-pixels 16384 \\
+        --min-pixels 4096                             # anywhere, slowly
 
 For each model (``--models``: TorchTitan's ``llama3`` debug model on
 ``text-demo`` and its ``qwen3_5`` debug VLM on ``--vlm-recipe``) it checks:
@@ -59,7 +60,7 @@ def _loader_config(args: argparse.Namespace, model: str, **extra: Any):
     return ZephonDataLoader.Config(
         recipe=_recipe(args, model), num_lanes=args.lanes, global_batch_size=args.global_batch,
         model_format="qwen3_5" if vlm else "text", image_preset="qwen3_5" if vlm else "",
-        max_pixels=args.max_pixels, runner=args.runner, **extra)
+        max_pixels=args.max_pixels, min_pixels=args.min_pixels, runner=args.runner, **extra)
 
 
 def _build(cfg, args: argparse.Namespace, dp: int, rank: int):
@@ -81,7 +82,8 @@ def _trainer_job(args: argparse.Namespace, model: str, out: Path, resume: bool):
              "--dataloader.runner", args.runner, "--checkpoint.enable",
              "--checkpoint.interval", str(args.save_at)]
     if model == "qwen3_5":
-        titan += ["--dataloader.max_pixels", str(args.max_pixels)]
+        titan += ["--dataloader.max_pixels", str(args.max_pixels),
+                  "--dataloader.min_pixels", str(args.min_pixels)]
     if resume:
         titan += ["--checkpoint.load_step", str(args.save_at)]
     env = {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}
@@ -271,6 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--local-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--max-pixels", type=int, default=64 * 32 * 32)
+    p.add_argument("--min-pixels", type=int, default=0, help="0: the preset's")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-at", type=int, default=4)
     p.add_argument("--lr", type=float, default=8e-4)

@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "normalization_table": "zephon_vl.media.image",
     "normalize_patches": "zephon_vl.media.image",
     "patch_rows": "zephon_vl.media.image",
-    "patch_rows_uint8": "zephon_vl.media.image",
+    "frame_rows_uint8": "zephon_vl.media.image",
     "pillow_backend": "zephon_vl.media.image",
     "process_image": "zephon_vl.media.image",
     "smart_resize": "zephon_vl.media.image",
@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "TokenizeMultimodal": "zephon_vl.ops.multimodal",
     "VLCollate": "zephon_vl.ops.collate",
     "normalize_pixels": "zephon_vl.ops.device",
+    "patch_rows_from_frames": "zephon_vl.ops.device",
     "to_device": "zephon_vl.ops.device",
     # recipes and demo data
     "vlm_demo": "zephon_vl.recipes",

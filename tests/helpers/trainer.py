@@ -11,11 +11,12 @@ from zephon_vl import build_demo_dataset
 #: folded token ids, 4 decoder layers (3 gated delta-net + 1 full attention), 1 vision block.
 TINY = {"fold_vocab": 2048, "layers": 4, "vision_layers": 1}
 #: L=4 lanes, G=4 rows of 256 tokens, 1 row per micro-batch: D in {1, 2, 4}; images of at
-#: most 16 merged tokens.
+#: 4 to 16 merged tokens.
 SHAPE = ["--module", "zephon_vl.titan", "--config", "zephon_qwen35_debug",
          "--training.seq_len", "256", "--training.local_batch_size", "1",
          "--training.global_batch_size", "4", "--dataloader.num_lanes", "4",
          "--dataloader.global_batch_size", "4", "--dataloader.max_pixels", "16384",
+         "--dataloader.min_pixels", "4096",
          "--dataloader.runner", "inline"]
 
 

@@ -15,7 +15,8 @@ from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
 def qwen_micro():
     cfg = ZephonDataLoader.Config(runner="inline", recipe="vlm-demo", num_lanes=2,
                                   global_batch_size=2, model_format="qwen3_5",
-                                  image_preset="qwen3_5", max_pixels=16 * 32 * 32)
+                                  image_preset="qwen3_5", max_pixels=16 * 32 * 32,
+                                  min_pixels=4096)
     dl = cfg.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256,
                    local_batch_size=2, snapshot_every_n_steps=None)
     micro = [next(iter(dl))]

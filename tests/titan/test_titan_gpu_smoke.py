@@ -22,7 +22,8 @@ def test_gpu_smoke_script_runs_on_cpu(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     rc = mod.main(["--device", "cpu", "--runner", "inline", "--steps", "3", "--save-at", "2",
                    "--seq-len", "256", "--fold-vocab", "2048", "--layers", "4",
-                   "--vision-layers", "1", "--max-pixels", "16384", "--lanes", "4",
+                   "--vision-layers", "1", "--max-pixels", "16384", "--min-pixels", "4096",
+                   "--lanes", "4",
                    "--global-batch", "4", "--local-batch", "1", "--dp", "2", "--resume-dp", "4",
                    "--h2d-steps", "3", "--elastic-models", "llama3", "--json", str(out)])
     printed = capsys.readouterr().out

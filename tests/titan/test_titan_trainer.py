@@ -46,7 +46,8 @@ def _image_presence(recipe: str) -> list[list[bool]]:
     for rank in range(2):
         dl = ZephonDataLoader.Config(runner="inline", recipe=recipe, num_lanes=4,
                                      global_batch_size=4, model_format="qwen3_5",
-                                     image_preset="qwen3_5", max_pixels=16384).build(
+                                     image_preset="qwen3_5", max_pixels=16384,
+                                     min_pixels=4096).build(
             dp_world_size=2, dp_rank=rank, tokenizer=None, seq_len=256, local_batch_size=1)
         it = iter(dl)
         by_rank.append(["pixel_values" in next(it)[0] for _ in range(dl.microbatches)])

@@ -25,8 +25,10 @@ def test_device_normalize_is_bit_identical_to_the_host_collate(tmp_path_factory)
     host = _batches(shards, "collate")
     wire = _batches(shards, "device")
     for want, got in zip(host, wire, strict=True):
-        assert got["pixel_values"].dtype == torch.uint8
-        assert got["pixel_values"].nbytes * 4 == want["pixel_values"].nbytes
+        frames, patches = got["pixel_frames"], got["grid_thw"].prod(dim=1)
+        assert got["pixel_values"].dtype == torch.uint8 and set(frames.tolist()) <= {1, 2}
+        assert got["pixel_values"].shape == (int((frames * patches).sum()),
+                                             want["pixel_values"].shape[1] // 2)
         moved = to_device(got, "cpu")
         assert set(moved) == set(want)
         for key, value in want.items():
@@ -62,3 +64,10 @@ def test_a_micro_batch_without_images_normalizes_to_an_empty_float_tensor() -> N
     assert out.shape == (0, 3 * 2 * 16 * 16) and out.dtype == table.dtype
     moved = to_device({"pixel_values": empty, "pixel_lut": table}, "cpu")
     assert moved["pixel_values"].shape == (0, 3 * 2 * 16 * 16)
+    no_frames = {"pixel_values": torch.zeros((0, 3 * 16 * 16), dtype=torch.uint8),
+                 "pixel_frames": torch.zeros(0, dtype=torch.int64),
+                 "grid_thw": torch.zeros((0, 3), dtype=torch.int64),
+                 "pixel_temporal": torch.tensor(2), "pixel_lut": table}
+    moved = to_device(no_frames, "cpu")
+    assert moved["pixel_values"].shape == (0, 3 * 2 * 16 * 16) and set(moved) == {
+        "pixel_values", "grid_thw"}

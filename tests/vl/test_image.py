@@ -213,8 +213,11 @@ def test_one_frame_rows_lay_out_to_the_full_rows_bitwise():
 @given(data=st.data())
 def test_patch_rows_write_once_into_the_given_output(data):
     """The collate's one-pass kernel: any mix of one-frame / T-frame uint8 and float32 rows
-    gives the values of normalizing and repeating each item, written into `out`."""
-    from zephon_vl import patch_rows_uint8
+    gives the values of normalizing and repeating each item, written into `out`; uint8
+    items' frames (still images once) expand to the same rows on the device side."""
+    import torch
+
+    from zephon_vl import frame_rows_uint8, patch_rows_from_frames
 
     s = ImageSettings()
     k = 14 * 14
@@ -239,10 +242,12 @@ def test_patch_rows_write_once_into_the_given_output(data):
     assert got.size == 0 or np.shares_memory(got, out)
     assert np.array_equal(out.view(np.uint32), np.concatenate(want).view(np.uint32))
     if len(want_u8) == len(items):
-        u8 = np.zeros((len(out), 6 * k), dtype=np.uint8)
-        got_u8 = patch_rows_uint8(items, s, out=u8)
-        assert got_u8.size == 0 or np.shares_memory(got_u8, u8)
-        assert np.array_equal(u8, np.concatenate(want_u8))
+        u8 = np.zeros((sum(x.size for x in items) // (3 * k), 3 * k), dtype=np.uint8)
+        frames_u8, frames = frame_rows_uint8(items, s, out=u8)
+        assert frames_u8 is u8 and frames == [x.shape[1] // (3 * k) for x in items]
+        grid = torch.tensor([[1, 1, len(x)] for x in items], dtype=torch.int64)
+        rows = patch_rows_from_frames(torch.from_numpy(u8), torch.tensor(frames), grid, 2)
+        assert np.array_equal(rows.numpy(), np.concatenate(want_u8))
     with pytest.raises(ValueError, match="C-contiguous float32"):
         patch_rows(items, s, out=np.empty((len(out) + 1, 6 * k), np.float32))
 

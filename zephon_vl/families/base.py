@@ -123,11 +123,14 @@ class VisionFamily(ModelFamily):
         grids and refuses a batch where they disagree, naming the sample.
         """
 
-    def image_settings(self, max_pixels: int) -> ImageSettings:
-        """The image settings the family's vision encoder was trained with (its preset)."""
+    def image_settings(self, max_pixels: int, min_pixels: int | None = None) -> ImageSettings:
+        """The image settings the family's vision encoder was trained with (its preset);
+        `min_pixels` None: the preset's."""
         from zephon_vl.media.image import ImageSettings
 
-        return ImageSettings(max_pixels=max_pixels)
+        if min_pixels is None:
+            return ImageSettings(max_pixels=max_pixels)
+        return ImageSettings(max_pixels=max_pixels, min_pixels=min_pixels)
 
     def collate(self, seq_len: int, image: ImageSettings, special: Any) -> VLCollate:
         """The collate of this family's recipes."""

@@ -142,12 +142,14 @@ class QwenVL(VisionFamily):
     def vision_token_ids(self, special: QwenTokens) -> tuple[int, ...]:
         return (special.image_pad, special.video_pad)
 
-    def image_settings(self, max_pixels: int) -> ImageSettings:
-        """Qwen3.5's vision settings, at most `max_pixels` pixels an image."""
+    def image_settings(self, max_pixels: int, min_pixels: int | None = None) -> ImageSettings:
+        """Qwen3.5's vision settings, at most `max_pixels` pixels an image and at least
+        `min_pixels` (None: TorchTitan's qwen3_5 value)."""
         from zephon_vl.media.image import ImageSettings
 
         return ImageSettings(**QWEN3_5_PATCHES, image_mean=QWEN3_5_MEAN_STD,
-                             image_std=QWEN3_5_MEAN_STD, min_pixels=QWEN3_5_MIN_PIXELS,
+                             image_std=QWEN3_5_MEAN_STD,
+                             min_pixels=QWEN3_5_MIN_PIXELS if min_pixels is None else min_pixels,
                              max_pixels=max_pixels)
 
     def check_recipe(self, recipe: Recipe) -> None:

@@ -45,7 +45,7 @@ __all__ = [
     "normalize_patches",
     "open_image",
     "patch_rows",
-    "patch_rows_uint8",
+    "frame_rows_uint8",
     "patchify",
     "pillow_backend",
     "process_image",
@@ -459,24 +459,37 @@ def patch_rows(items: list[np.ndarray], settings: ImageSettings,
     return dest.reshape(len(dest), 3 * tp * k)
 
 
-def patch_rows_uint8(items: list[np.ndarray], settings: ImageSettings,
-                     out: np.ndarray | None = None) -> np.ndarray:
-    """uint8 patch rows of several images/videos -> one uint8 ``[patches, 3*T*P*P]`` array.
+def frame_rows_uint8(items: list[np.ndarray], settings: ImageSettings,
+                     out: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
+    """uint8 patch rows of several images/videos -> their frames, and each item's frames
+    per patch row.
 
-    The layout of `patch_rows` (one frame repeated over the temporal axis),
-    still to be normalized with `normalization_table`. `out` as in `patch_rows`.
+    Every patch row gives one uint8 ``[3*P*P]`` row per frame it holds, in
+    temporal order: a still image's single frame once (not repeated over the
+    temporal axis: half the bytes through the collate and the copy to the
+    device), each of a video's T frames. ``zephon_vl.ops.device.patch_rows_from_frames``
+    makes the ``[patches, 3*T*P*P]`` rows of `patch_rows` from them, on any
+    device. `out`: a C-contiguous uint8 ``[frames, 3*P*P]`` array to write into
+    (frames = total bytes of `items` / (3*P*P)), e.g. pinned memory.
     """
     tp, k = settings.temporal_patch_size, settings.patch_size ** 2
-    dest = _rows_out(items, settings, np.uint8, out)
-    at = 0
+    width = 3 * k
+    total = sum(x.size for x in items) // width
+    if out is None:
+        out = np.empty((total, width), dtype=np.uint8)
+    elif out.shape != (total, width) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(total, width)}, "
+                         f"got {out.dtype} {out.shape}")
+    frames, at = [], 0
     for x in items:
-        n = len(x)
-        if x.dtype != np.uint8 or x.shape[1] not in (3 * k, 3 * tp * k):
-            raise ValueError(f"expected uint8 patch rows of width {3 * k} or {3 * tp * k}, got "
+        if x.dtype != np.uint8 or x.shape[1] not in (width, tp * width):
+            raise ValueError(f"expected uint8 patch rows of width {width} or {tp * width}, got "
                              f"{x.dtype} rows of width {x.shape[1]}")
-        dest[at:at + n] = x.reshape(n, 3, x.shape[1] // (3 * k), k)
-        at += n
-    return dest.reshape(len(dest), 3 * tp * k)
+        n, t = len(x), x.shape[1] // width
+        out[at:at + n * t].reshape(n, t, 3, k)[:] = x.reshape(n, 3, t, k).transpose(0, 2, 1, 3)
+        frames.append(t)
+        at += n * t
+    return out, frames
 
 
 def process_image(data: bytes, settings: ImageSettings, where: str = "?",

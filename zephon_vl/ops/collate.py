@@ -5,8 +5,11 @@ positions; padding has label -100). ``pixel_values``: every image and video of
 the batch as patch rows, concatenated in row order and, inside a row, in
 token order, float32 ``[patches, 3*T*P*P]``. ``grid_thw``: int64
 ``[images, 3]`` in the same order. With ``ImageSettings(normalize="device")``
-``pixel_values`` is uint8 and ``pixel_lut`` carries the normalization table:
-``zephon_vl.ops.device.to_device`` gives the float32 tensor on the device.
+``pixel_values`` holds uint8 frames instead (`frame_rows_uint8`: a still image's
+frame once, not T times), with ``pixel_frames`` (int64 ``[images]``: frames per
+patch row, 1 or T), ``pixel_temporal`` (T) and ``pixel_lut`` (the normalization
+table): ``zephon_vl.ops.device.to_device`` gives the float32 patch rows on the
+device, bit-identical to the host's.
 The model family's special token ids ride along as 0-d int64 tensors
 (``VisionFamily.batch_token_ids``) so a model never has to guess them.
 """
@@ -23,9 +26,9 @@ from zephon_core import BadSampleError, Row
 from zephon_core.ops.pack import text_row_arrays
 from zephon_vl.media.image import (
     ImageSettings,
+    frame_rows_uint8,
     normalization_table,
     patch_rows,
-    patch_rows_uint8,
 )
 
 if TYPE_CHECKING:
@@ -83,19 +86,22 @@ class VLCollate:
         out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
         pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
         grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
-        on_device = self.image.normalize == "device"
-        dtype = torch.uint8 if on_device else torch.float32
-        pv = torch.empty((sum(len(p) for p in pixels), self.row_width), dtype=dtype,
-                         pin_memory=pin_memory)
-        if pixels:
-            (patch_rows_uint8 if on_device else patch_rows)(pixels, self.image, out=pv.numpy())
-            thw = np.stack(grids).astype(np.int64)
+        thw = np.stack(grids).astype(np.int64) if grids else np.zeros((0, 3), dtype=np.int64)
+        if self.image.normalize == "device":
+            width = self.row_width // self.image.temporal_patch_size
+            pv = torch.empty((sum(p.size for p in pixels) // width, width), dtype=torch.uint8,
+                             pin_memory=pin_memory)
+            _, frames = frame_rows_uint8(pixels, self.image, out=pv.numpy())
+            out["pixel_frames"] = torch.tensor(frames, dtype=torch.int64)
+            out["pixel_temporal"] = torch.tensor(self.image.temporal_patch_size)
+            out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         else:
-            thw = np.zeros((0, 3), dtype=np.int64)
+            pv = torch.empty((sum(len(p) for p in pixels), self.row_width),
+                             dtype=torch.float32, pin_memory=pin_memory)
+            if pixels:
+                patch_rows(pixels, self.image, out=pv.numpy())
         out["pixel_values"] = pv
         out["grid_thw"] = torch.from_numpy(thw)
-        if on_device:
-            out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         for name, value in self._token_ids.items():
             out[name] = torch.tensor(value, dtype=torch.int64)
         if pin_memory:  # the small tensors; the pixels were written pinned

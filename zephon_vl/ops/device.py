@@ -1,11 +1,12 @@
-"""Batches to the accelerator: one copy of uint8 pixels, normalized there.
+"""Batches to the accelerator: one copy of uint8 frames, patch rows made there.
 
 A VLM batch's pixels are most of its bytes. Normalized on the host they are
-float32, four times the uint8 rows the workers made; this module moves the
-uint8 rows (from pinned memory, without blocking the host) and normalizes on
-the device with the same table the host would use, so the float32 tensor is
-bit-identical to the host collate on every device (a table lookup has no
-rounding of its own).
+float32 patch rows with every still image repeated over the temporal axis:
+eight times the uint8 frames the workers made. This module moves the uint8
+frames (from pinned memory, without blocking the host), normalizes them on
+the device with the same table the host would use and lays them out as the
+model's patch rows there, so the float32 tensor is bit-identical to the host
+collate on every device (a table lookup has no rounding of its own).
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ def normalize_pixels(pixel_values: torch.Tensor, table: torch.Tensor) -> torch.T
     return out.view(n, width)
 
 
+def patch_rows_from_frames(frames: torch.Tensor, frames_per_item: torch.Tensor,
+                           grid_thw: torch.Tensor, temporal: int) -> torch.Tensor:
+    """Float32 frame rows ``[F, 3*K]`` -> patch rows ``[patches, 3*temporal*K]`` (channel,
+    then frame, then pixel), on the frames' device.
+
+    `frames_per_item` ``[items]`` is 1 (a still image: its one frame fills every
+    temporal slot) or `temporal` (a video's frames in order); item i has
+    ``prod(grid_thw[i])`` patch rows. See `zephon_vl.frame_rows_uint8`.
+    """
+    n_frames, width = frames.shape
+    per_row = torch.repeat_interleave(frames_per_item.to(frames.device),
+                                      grid_thw.to(frames.device).prod(dim=1))
+    first = torch.cumsum(per_row, 0) - per_row
+    step = torch.arange(temporal, device=frames.device)[None, :] * (per_row[:, None] > 1)
+    rows = frames.index_select(0, (first[:, None] + step).reshape(-1))
+    patches = len(per_row)
+    return rows.view(patches, temporal, 3, width // 3).transpose(1, 2).reshape(
+        patches, temporal * width)
+
+
 def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = True,
               non_blocking: bool = True,
               pinned_budget_bytes: int = PINNED_BUDGET_BYTES) -> dict[str, Any]:
@@ -46,7 +67,9 @@ def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = 
     `non_blocking`, so the copy overlaps the host's next work; a batch larger
     than `pinned_budget_bytes` is copied from pageable memory with a warning.
     A device without room raises the framework's own out-of-memory error.
-    Batches without ``pixel_lut`` (float32 pixels, text) are only moved.
+    Batches without ``pixel_lut`` (float32 pixels, text) are only moved. With
+    ``pixel_frames`` (`VLCollate`'s uint8 frames), the patch rows are made on
+    the device (`patch_rows_from_frames`).
     """
     global _warned
     device = torch.device(device)
@@ -59,13 +82,21 @@ def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = 
                         "has the memory", _nbytes(batch) / 2**20, pinned_budget_bytes / 2**20)
         staged = False
     out: dict[str, Any] = {}
+    temporal = batch.get("pixel_temporal")
     for name, value in batch.items():
+        if name == "pixel_temporal":
+            continue
         if isinstance(value, torch.Tensor):
             if staged and value.device.type == "cpu":
                 value = value.pin_memory()
             value = value.to(device, non_blocking=non_blocking and staged)
         out[name] = value
     table = out.pop("pixel_lut", None)
+    frames_per_item = out.pop("pixel_frames", None)
     if table is not None:
-        out["pixel_values"] = normalize_pixels(out["pixel_values"], table)
+        pixels = normalize_pixels(out["pixel_values"], table)
+        if frames_per_item is not None:
+            pixels = patch_rows_from_frames(pixels, frames_per_item, out["grid_thw"],
+                                            int(temporal))
+        out["pixel_values"] = pixels
     return out

@@ -60,12 +60,15 @@ from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY, STATE_VERSION, wrap_s
 log = logging.getLogger(__name__)
 
 
-def preset_image_settings(name: str, max_pixels: int) -> Any:
-    """The ImageSettings of the vision-language family `name` (``image_preset``)."""
+def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0) -> Any:
+    """The ImageSettings of the vision-language family `name` (``image_preset``);
+    `min_pixels` 0: the preset's."""
     try:
-        return vision_family(name).image_settings(max_pixels)
+        return vision_family(name).image_settings(max_pixels, min_pixels or None)
     except ConfigError as exc:
-        raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc}") from None
+        raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc} (set "
+                          "--dataloader.max_pixels higher or --dataloader.min_pixels "
+                          "lower)") from None
 
 
 def check_geometry(num_lanes: int, global_batch_size: int, dp_world_size: int,
@@ -141,6 +144,10 @@ class ZephonDataLoader(BaseDataLoader):
 
         max_pixels: int = 128 * 32 * 32
         """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
+
+        min_pixels: int = 0
+        """With ``image_preset``: the smallest image, in pixels (smaller ones are scaled
+        up); 0 = the preset's (qwen3_5: 65536, TorchTitan's value)."""
 
         runner: str = Execution.runner
         """Execution knob (never changes a batch): auto (the default: processes for read,
@@ -233,7 +240,8 @@ class ZephonDataLoader(BaseDataLoader):
                     f"encoder's image settings, but model_format={config.model_format!r} takes "
                     "no images; use a VLM recipe with a vision model_format (e.g. "
                     "--dataloader.model_format qwen3_5), or leave image_preset empty")
-            image = preset_image_settings(config.image_preset, config.max_pixels)
+            image = preset_image_settings(config.image_preset, config.max_pixels,
+                                          config.min_pixels)
             if config.normalize_on_device:
                 image = dataclasses.replace(image, normalize="device")
             overrides["image"] = image
