@@ -116,3 +116,18 @@ def test_worker_processes_give_the_same_bytes(tmp_path: Path) -> None:
     one = build_demo_dataset(tmp_path / "one", workers=1, **kw)
     two = build_demo_dataset(tmp_path / "two", workers=2, **kw)
     assert one.sha256 == two.sha256
+
+
+def test_a_smaller_demo_in_the_default_cache_leaves_other_builds_alone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two jobs on one machine asking for different demo sizes without a folder: each gets
+    its own, and neither deletes or rewrites the other's shards (a run reading one must
+    never see them change underneath it)."""
+    monkeypatch.setenv("ZEPHON_CACHE", str(tmp_path))
+    small = build_demo_dataset(num_samples=6, videos=0, samples_per_shard=3)
+    other = build_demo_dataset(num_samples=9, videos=0, samples_per_shard=3)
+    assert small.root != other.root and tmp_path in small.root.parents
+    assert default_demo_dir() not in (small.root, other.root)
+    again = build_demo_dataset(num_samples=6, videos=0, samples_per_shard=3)
+    assert not again.built and again.sha256 == small.sha256
+    assert all(p.exists() for p in small.shards + other.shards)
