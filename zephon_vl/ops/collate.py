@@ -30,6 +30,9 @@ from zephon_vl.media.image import (
     normalization_table,
     patch_rows,
 )
+from zephon_vl.ops.host_buffers import HostBuffers
+
+_TORCH_DTYPES = {np.uint8: torch.uint8, np.float32: torch.float32}
 
 if TYPE_CHECKING:
     from zephon_vl.families.base import VisionFamily
@@ -38,8 +41,10 @@ if TYPE_CHECKING:
 class VLCollate:
     """The collate of `family`'s recipes; `special`: the family's ids in the recipe's tokenizer.
 
-    Pixel data is written once, into the output tensor (`pin_memory=True`:
-    page-locked memory, ready for a non_blocking copy to the device).
+    Pixel data is written once, into the output tensor: page-locked memory with
+    `pin_memory=True` (ready for a non_blocking copy to the device; torch's
+    pinned allocator recycles it), else memory recycled from earlier batches
+    that nothing references any more (`HostBuffers`: no page faults per step).
     """
 
     #: takes ``pin_memory`` (the loader's `Execution.pin_memory`)
@@ -54,6 +59,16 @@ class VLCollate:
         self.row_width = 3 * image.temporal_patch_size * image.patch_size ** 2
         self._token_ids = family.batch_token_ids(special)
         self._vision_ids = np.asarray(family.vision_token_ids(special), dtype=np.int64)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_buffers"}
+
+    def _pixels(self, shape: tuple[int, int], dtype: type, pin_memory: bool) -> torch.Tensor:
+        if pin_memory:
+            return torch.empty(shape, dtype=_TORCH_DTYPES[dtype], pin_memory=True)
+        if "_buffers" not in self.__dict__:
+            self._buffers = HostBuffers()
+        return torch.from_numpy(self._buffers.empty(shape, dtype))
 
     def settings(self) -> dict:
         return {"type": "vl", "family": self.family.name, "seq_len": self.seq_len,
@@ -89,15 +104,15 @@ class VLCollate:
         thw = np.stack(grids).astype(np.int64) if grids else np.zeros((0, 3), dtype=np.int64)
         if self.image.normalize == "device":
             width = self.row_width // self.image.temporal_patch_size
-            pv = torch.empty((sum(p.size for p in pixels) // width, width), dtype=torch.uint8,
-                             pin_memory=pin_memory)
+            pv = self._pixels((sum(p.size for p in pixels) // width, width), np.uint8,
+                              pin_memory)
             _, frames = frame_rows_uint8(pixels, self.image, out=pv.numpy())
             out["pixel_frames"] = torch.tensor(frames, dtype=torch.int64)
             out["pixel_temporal"] = torch.tensor(self.image.temporal_patch_size)
             out["pixel_lut"] = torch.from_numpy(normalization_table(self.image).copy())
         else:
-            pv = torch.empty((sum(len(p) for p in pixels), self.row_width),
-                             dtype=torch.float32, pin_memory=pin_memory)
+            pv = self._pixels((sum(len(p) for p in pixels), self.row_width), np.float32,
+                              pin_memory)
             if pixels:
                 patch_rows(pixels, self.image, out=pv.numpy())
         out["pixel_values"] = pv
