@@ -1,7 +1,7 @@
 """Remote reads under `Execution`: retry settings, coalesced range requests, a storage
 backend that hangs, `zephon-vl index --refresh`, and gs:// through gcsfs.
 
-The HTTP server (tests/helpers/storage.py) serves the vlm-demo shards on 127.0.0.1
+The HTTP server (zephon_vl.testing.storage_servers) serves the vlm-demo shards on 127.0.0.1
 with Range support, counts ranged GETs and can hang (accept a request, never answer).
 """
 
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.storage import http_server
 from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
 from zephon_core import (
     Coalesce,
@@ -31,6 +30,7 @@ from zephon_core import (
     open_shard,
     run_digests,
 )
+from zephon_vl.testing.storage_servers import http_server
 
 pytest.importorskip("aiohttp")
 
@@ -192,7 +192,7 @@ def test_gs_urls_need_gcsfs_and_say_so() -> None:
 def test_reads_share_one_outage_clock_per_endpoint() -> None:
     """With many reads in flight, storage that is down stops the run one deadline after it
     went away, not one deadline per read; an outage nobody retried for a while is over."""
-    from tests.helpers.storage import free_port
+    from zephon_vl.testing.storage_servers import free_port
 
     url = f"http://127.0.0.1:{free_port()}/demo-000000.tar"  # nothing listens: refused
     retry = RetryPolicy(deadline=0.6, initial=0.05, maximum=0.05, request_timeout=0.5)
@@ -213,8 +213,8 @@ def test_an_http_server_that_is_down_is_not_a_missing_shard(served) -> None:
     """fsspec reports any failed HTTP ``info`` as FileNotFoundError; a refused connection
     must stay an I/O failure (retried, then StorageError), never ``missing_shard``, which
     ``on_error="drop"`` would turn into a drop. A real 404 is ``missing_shard``."""
-    from tests.helpers.storage import free_port
     from zephon_core import BadSampleError
+    from zephon_vl.testing.storage_servers import free_port
 
     retry = RetryPolicy(deadline=0.3, initial=0.05, maximum=0.05, request_timeout=0.5)
     with pytest.raises(StorageError, match="deadline 0.3 s"):

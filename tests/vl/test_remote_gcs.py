@@ -1,0 +1,102 @@
+"""Shards on gs:// through gcsfs, against a GCS emulator on 127.0.0.1.
+
+gcsfs finds the emulator through its standard configuration only
+(``STORAGE_EMULATOR_HOST``, anonymous credentials from fsspec's ``FSSPEC_GCS_*``
+configuration; see zephon_vl.testing.storage_servers): nothing in zephon knows it is a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
+from zephon_core import (
+    BadSampleError,
+    Execution,
+    Loader,
+    RetryPolicy,
+    ZephonError,
+    open_shard,
+    run_digests,
+)
+from zephon_vl import build_manifest, load_manifest
+from zephon_vl.testing.storage_servers import gcs_server, s3_server
+
+pytest.importorskip("gcsfs")
+pytest.importorskip("gcp_storage_emulator")
+
+FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
+LEAN_FAST = replace(LEAN, retry=FAST)
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    local = demo_shards(tmp_path_factory)
+    with gcs_server() as server:
+        yield server, server.upload("zephon-test", local)
+
+
+def digests(shards, D: int, ex: Execution) -> list[str]:
+    return [r.sha256 for r in run_digests(RecipeFactory(shards), D, STEPS, ex)]
+
+
+def test_gs_shards_give_the_local_digests(gcs, tmp_path_factory) -> None:
+    _, urls = gcs
+    want = reference(tmp_path_factory).digests
+    assert all(u.startswith("gs://zephon-test/data/demo-") for u in urls)
+    assert digests(urls, 1, LEAN_FAST) == want
+    assert digests(urls, 2, replace(LEAN_FAST, runner="threads", group_size=3)) == want
+
+
+def test_gs_shards_in_worker_processes(gcs, tmp_path_factory) -> None:
+    """Worker processes open their own gcsfs client from the same configuration."""
+    _, urls = gcs
+    procs = Execution(runner="processes", default_workers=2, group_size=4, prefetch_steps=0,
+                      retry=FAST)
+    assert digests(urls, 2, procs) == reference(tmp_path_factory).digests
+
+
+def test_manifest_over_gs_urls(gcs, tmp_path, tmp_path_factory) -> None:
+    _, urls = gcs
+    manifest = tmp_path / "train.json"
+    entries = build_manifest(urls, manifest)
+    assert [e.url for e in entries] == urls
+    assert all(e.identity.startswith("etag:") for e in entries)
+    assert [e.url for e in load_manifest(manifest)] == urls
+    local = make_recipe(demo_shards(tmp_path_factory))
+    with Loader(make_recipe(str(manifest)), 0, 2, LEAN_FAST) as loader:
+        assert loader.fingerprint["datasets"] == local.fingerprint()["datasets"]
+    assert digests(str(manifest), 1, LEAN_FAST) == reference(tmp_path_factory).digests
+
+
+def test_changed_gs_object_is_refused_naming_shard_and_field(gcs, tmp_path,
+                                                            tmp_path_factory) -> None:
+    server, urls = gcs
+    manifest = tmp_path / "m.json"
+    build_manifest(urls[:1], manifest)
+    name = urls[0].rsplit("/", 1)[1]
+    original = open(demo_shards(tmp_path_factory)[0], "rb").read()
+    server.put(urls[0], b"not the indexed shard")
+    try:
+        with pytest.raises(ZephonError) as info:
+            make_recipe(str(manifest)).datasets[0].reader.read(0, 0)
+    finally:
+        server.put(urls[0], original)
+    assert name in str(info.value) and "size" in str(info.value)
+
+
+def test_a_missing_gs_object_is_the_same_error_as_on_s3(gcs) -> None:
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    errors = {}
+    with s3_server() as s3:
+        s3.upload("zephon-test", [])
+        for scheme in ("gs", "s3"):
+            with pytest.raises(BadSampleError) as info:
+                open_shard(f"{scheme}://zephon-test/data/no-such-shard.tar", FAST)
+            errors[scheme] = info.value
+    assert errors["gs"].reason == errors["s3"].reason == "missing_shard"
+    assert str(errors["gs"]) == str(errors["s3"]).replace("s3://", "gs://")
+    assert "no-such-shard.tar" in str(errors["gs"])
