@@ -7,7 +7,17 @@ configuration; see zephon_vl.testing.storage_servers): nothing in zephon knows i
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,12 +27,13 @@ from zephon_core import (
     Execution,
     Loader,
     RetryPolicy,
+    StorageError,
     ZephonError,
     open_shard,
     run_digests,
 )
 from zephon_vl import build_manifest, load_manifest
-from zephon_vl.testing.storage_servers import gcs_server, s3_server
+from zephon_vl.testing.storage_servers import GCS_ENV, gcs_server, s3_server
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
@@ -100,3 +111,79 @@ def test_a_missing_gs_object_is_the_same_error_as_on_s3(gcs) -> None:
     assert errors["gs"].reason == errors["s3"].reason == "missing_shard"
     assert str(errors["gs"]) == str(errors["s3"]).replace("s3://", "gs://")
     assert "no-such-shard.tar" in str(errors["gs"])
+
+
+@contextmanager
+def refusing_endpoint(status: int) -> Iterator[str]:
+    """A GCS endpoint that answers every request with `status` and a JSON API error."""
+
+    class Refuse(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"error": {"code": status, "message": "refused"}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_stop_at_once(gcs, monkeypatch, status: int) -> None:
+    """gcsfs reports 403 as a plain OSError and 401 as its HttpError: no retry can fix
+    either, so the run stops at once with the URL, not after the retry deadline."""
+    url = "gs://zephon-test/data/demo-000000.tar"
+    with refusing_endpoint(status) as endpoint:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+        t0 = time.monotonic()
+        with pytest.raises(StorageError) as info:
+            open_shard(url, RetryPolicy(deadline=20.0, initial=0.1, maximum=0.5))
+        assert time.monotonic() - t0 < 10
+    msg = str(info.value)
+    assert url in msg and "credentials" in msg and "deadline" not in msg
+
+
+def test_a_gs_request_that_gets_no_answer_times_out(tmp_path) -> None:
+    """`RetryPolicy.request_timeout` reaches gcsfs: against an endpoint that accepts
+    connections and never answers, the next try comes within seconds (gcsfs's own wait
+    is 5 minutes). Runs in a child process, which is killed once the second try arrives."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    tries: list[socket.socket] = []
+    second = threading.Event()
+
+    def accept() -> None:
+        while not second.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            tries.append(conn)
+            if len(tries) >= 2:
+                second.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    code = ("from zephon_core import RetryPolicy, open_shard\n"
+            "open_shard('gs://zephon-test/data/demo-000000.tar', "
+            "RetryPolicy(deadline=60.0, request_timeout=0.5))\n")
+    env = {**os.environ, **GCS_ENV,
+           "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{listener.getsockname()[1]}"}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert second.wait(20), f"one try in 20 s: {len(tries)} connection(s)"
+    finally:
+        child.kill()
+        child.wait()
+        listener.close()
+        for conn in tries:
+            conn.close()
