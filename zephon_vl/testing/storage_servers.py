@@ -68,6 +68,15 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _forget_clients(module: str, cls: str) -> None:
+    """Drop fsspec's cached filesystems of one class: s3fs reads its endpoint when an
+    instance is made, and fsspec reuses instances, so without this a second server in the
+    same process would be missed for the first one's (stopped) endpoint."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        getattr(loaded, cls).clear_instance_cache()
+
+
 class S3Server:
     """moto in server mode; `stop()`/`start()` keep the buckets (moto's state is in-process)."""
 
@@ -112,11 +121,13 @@ def s3_server() -> Iterator[S3Server]:
     """A started S3 server with the environment pointing every S3 client at it."""
     server = S3Server()
     with _environment({**S3_ENV, "AWS_ENDPOINT_URL": server.url}):
+        _forget_clients("s3fs", "S3FileSystem")
         server.start()
         try:
             yield server
         finally:
             server.stop()
+            _forget_clients("s3fs", "S3FileSystem")
 
 
 class GcsServer:
@@ -175,11 +186,13 @@ def gcs_server() -> Iterator[GcsServer]:
     saved = config.get("gcs")
     with _environment({**GCS_ENV, "STORAGE_EMULATOR_HOST": server.url}):
         config["gcs"] = {**(saved or {}), "token": "anon", "project": GCS_ENV["FSSPEC_GCS_PROJECT"]}
+        _forget_clients("gcsfs", "GCSFileSystem")
         server.start()
         try:
             yield server
         finally:
             server.stop()
+            _forget_clients("gcsfs", "GCSFileSystem")
             if saved is None:
                 config.pop("gcs", None)
             else:
