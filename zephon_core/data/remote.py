@@ -102,15 +102,19 @@ def _answered(endpoint: str) -> None:
             _failing.pop(endpoint, None)
 
 
-def _outage_start(endpoint: str, policy: RetryPolicy) -> float:
-    """When the endpoint's current outage began; a failure long after the last one (nobody
-    was retrying: more than one backoff step and request timeout apart) starts a new one."""
+def _outage_start(endpoint: str, policy: RetryPolicy, began: float) -> float:
+    """When the endpoint's current outage began, for a read whose failing try was sent at
+    `began`. The clock starts when the try was sent, not when its failure came back: a try
+    may take a request timeout or more (fsspec's HTTP ``info`` sends two requests; gcsfs
+    tries six times over ~31 s) before it fails. A try sent long after the last failure
+    (nobody was retrying: more than one backoff step and request timeout) starts a new one."""
     now = time.monotonic()
     with _failing_lock:
-        start, last = _failing.get(endpoint, (now, now))
-        if now - last > policy.maximum + policy.request_timeout + 1.0:
-            start = now
-        _failing[endpoint] = (start, now)
+        start, last = _failing.get(endpoint, (began, began))
+        if began - last > policy.maximum + policy.request_timeout + 1.0:
+            start = began
+        start = min(start, began)
+        _failing[endpoint] = (start, max(last, now))
     return start
 
 
@@ -125,6 +129,7 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
     endpoint = _endpoint(location)
     delay = policy.initial
     while True:
+        began = time.monotonic()
         try:
             out = what()
             _answered(endpoint)
@@ -141,7 +146,7 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
             if _is_permanent(exc):
                 raise StorageError(f"cannot read {where}: {cause}. Check the URL and the "
                                    "storage credentials/configuration.") from exc
-            start = _outage_start(endpoint, policy)
+            start = _outage_start(endpoint, policy, began)
             now = time.monotonic()
             if now - start >= policy.deadline:
                 raise StorageError(
