@@ -8,6 +8,7 @@ configuration; see zephon_vl.testing.storage_servers): nothing in zephon knows i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from zephon_core import (
     RetryPolicy,
     StorageError,
     ZephonError,
+    batch_digest,
     open_shard,
     run_digests,
 )
@@ -96,6 +98,28 @@ def test_changed_gs_object_is_refused_naming_shard_and_field(gcs, tmp_path,
     finally:
         server.put(urls[0], original)
     assert name in str(info.value) and "size" in str(info.value)
+
+
+def test_gcs_restarted_within_the_deadline_gives_the_same_digests(gcs, tmp_path_factory,
+                                                                   caplog) -> None:
+    """Reads while the emulator is down are retried (by gcsfs's own loop first, then
+    zephon's) and the batches are those of the uninterrupted run."""
+    server, urls = gcs
+    want = reference(tmp_path_factory).digests
+    got = []
+    caplog.set_level(logging.WARNING, "zephon_core.data.remote")
+    caplog.set_level(logging.DEBUG, "gcsfs")  # last: it also sets the capture's level
+    with Loader(make_recipe(urls), 0, 1, LEAN_FAST) as loader:
+        got.append(batch_digest(next(loader)))
+        server.stop()
+        restart = threading.Timer(1.5, server.start)
+        restart.start()
+        try:
+            got.extend(batch_digest(next(loader)) for _ in range(STEPS - 1))
+        finally:
+            restart.join()
+    assert got == want
+    assert "retrying" in caplog.text  # the server was down while the loader read
 
 
 def test_a_missing_gs_object_is_the_same_error_as_on_s3(gcs) -> None:
