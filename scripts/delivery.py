@@ -20,8 +20,9 @@ of /dev/shm used by the loader's segments, the loader's own backlog peak. Per
 pixel path, once: the collate alone, timed on two steps' rows (median of 3
 calls each), in ms per step and per MB of pixels written. Only public names
 are used, and attributes added by issue 12 are optional, so the same script
-measures an older checkout (``PYTHONPATH=<checkout> python scripts/delivery.py
---variants default``).
+measures an older checkout: run it with the Python of a second virtual environment
+where that checkout is installed (``pip install -e <checkout>``), e.g.
+``/tmp/venv-main/bin/python scripts/delivery.py --variants default``.
 
     python scripts/delivery.py --steps 8 --json delivery.json --plot delivery.png
 """

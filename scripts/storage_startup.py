@@ -3,7 +3,7 @@
 Prints one JSON line per case: shards, where, how the shard list is given
 (``cold``: no sidecar yet, every shard indexed; ``sidecars``: cached indexes
 read; ``manifest``: one manifest), seconds to build the Loader and to its
-first batch. Run: ``PYTHONPATH=$PWD python scripts/storage_startup.py``
+first batch. Run: ``python scripts/storage_startup.py``
 (needs the ``remote`` and ``dev`` extras for the S3 cases).
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.helpers.storage import s3_server
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.recipes import vlm_recipe
+from zephon_vl.testing.storage_servers import s3_server
 from zephon_vl.wds.manifest import build_manifest
 from zephon_vl.wds.writer import write_shards
 

@@ -6,7 +6,7 @@ every sample in groups of 8 neighbours, one thread) and the vlm-demo pipeline
 (global batches per second, inline runner, one rank). The modes alternate
 `--repeats` times in one run; medians are printed, one JSON line per case, and
 a bar chart is written to `--plot`. Run:
-``PYTHONPATH=$PWD python scripts/storage_throughput.py --plot docs/storage_throughput.png``
+``python scripts/storage_throughput.py --plot docs/storage_throughput.png``
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers.storage import s3_server
 from zephon_core import Coalesce, Execution, Loader, RetryPolicy, storage_settings
 from zephon_core.recipes.assets import qwen_tokenizer_dir
 from zephon_vl.demo.data import build_demo_dataset
 from zephon_vl.recipes import vlm_recipe
+from zephon_vl.testing.storage_servers import s3_server
 from zephon_vl.wds.index import WebDatasetReader
 
 MODES = {"per sample": Coalesce(max_bytes=0), "coalesced": Coalesce()}

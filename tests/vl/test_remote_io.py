@@ -1,7 +1,7 @@
 """Remote reads under `Execution`: retry settings, coalesced range requests, a storage
 backend that hangs, `zephon-vl index --refresh`, and gs:// through gcsfs.
 
-The HTTP server (tests/helpers/storage.py) serves the vlm-demo shards on 127.0.0.1
+The HTTP server (zephon_vl.testing.storage_servers) serves the vlm-demo shards on 127.0.0.1
 with Range support, counts ranged GETs and can hang (accept a request, never answer).
 """
 
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.storage import http_server
 from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
 from zephon_core import (
     Coalesce,
@@ -31,6 +30,7 @@ from zephon_core import (
     open_shard,
     run_digests,
 )
+from zephon_vl.testing.storage_servers import http_server
 
 pytest.importorskip("aiohttp")
 
@@ -192,7 +192,7 @@ def test_gs_urls_need_gcsfs_and_say_so() -> None:
 def test_reads_share_one_outage_clock_per_endpoint() -> None:
     """With many reads in flight, storage that is down stops the run one deadline after it
     went away, not one deadline per read; an outage nobody retried for a while is over."""
-    from tests.helpers.storage import free_port
+    from zephon_vl.testing.storage_servers import free_port
 
     url = f"http://127.0.0.1:{free_port()}/demo-000000.tar"  # nothing listens: refused
     retry = RetryPolicy(deadline=0.6, initial=0.05, maximum=0.05, request_timeout=0.5)
@@ -209,12 +209,44 @@ def test_reads_share_one_outage_clock_per_endpoint() -> None:
     assert seconds_to_fail() >= 0.6  # a new outage gets its own deadline
 
 
+def test_the_outage_clock_starts_when_the_unanswered_request_was_sent(served) -> None:
+    """A backend that hangs: the deadline counts from when a failing try was sent, not from
+    when its failure came back. fsspec's HTTP ``info`` sends HEAD then GET, so one try of
+    `open_shard` takes two request timeouts (4 s here), more than the gap after which a
+    failure counted as a new outage (3.1 s): counted from the failures, no outage ever
+    reached the deadline and the read retried forever. gcsfs is the same, worse: it tries
+    each request six times over ~31 s before zephon sees the failure."""
+    server, urls = served
+    retry = RetryPolicy(deadline=2.0, initial=0.1, maximum=0.1, request_timeout=2.0)
+    open_shard(urls[0], retry)  # answers: no outage on record for this endpoint
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            open_shard(urls[0], retry)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            raised.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    server.hang.set()
+    try:
+        t0 = time.monotonic()
+        reader.start()
+        reader.join(15)
+        waited = time.monotonic() - t0
+    finally:
+        server.hang.clear()
+    assert raised, f"still retrying after {waited:.0f} s (deadline 2 s)"
+    assert isinstance(raised[0], StorageError) and "deadline 2.0 s" in str(raised[0])
+    assert 2.0 <= waited < 10, waited
+
+
 def test_an_http_server_that_is_down_is_not_a_missing_shard(served) -> None:
     """fsspec reports any failed HTTP ``info`` as FileNotFoundError; a refused connection
     must stay an I/O failure (retried, then StorageError), never ``missing_shard``, which
     ``on_error="drop"`` would turn into a drop. A real 404 is ``missing_shard``."""
-    from tests.helpers.storage import free_port
     from zephon_core import BadSampleError
+    from zephon_vl.testing.storage_servers import free_port
 
     retry = RetryPolicy(deadline=0.3, initial=0.05, maximum=0.05, request_timeout=0.5)
     with pytest.raises(StorageError, match="deadline 0.3 s"):

@@ -1,7 +1,7 @@
 """Shards on a real S3-compatible server (moto, on 127.0.0.1) and an HTTP server with Range.
 
 Clients find the servers through the standard configuration only
-(``AWS_ENDPOINT_URL``, dummy ``AWS_*`` credentials; see tests/helpers/storage.py).
+(``AWS_ENDPOINT_URL``, dummy ``AWS_*`` credentials; see zephon_vl.testing.storage_servers).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.storage import http_server, s3_server
 from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
 from zephon_core.common.digest import batch_digest
 from zephon_core.data.remote import RetryPolicy, StorageError
@@ -24,6 +23,7 @@ from zephon_core.engine.loader import Loader
 from zephon_core.engine.simulate import run_digests
 from zephon_core.errors import ZephonError
 from zephon_core.recipes.registry import recipe_from_toml
+from zephon_vl.testing.storage_servers import http_server, s3_server
 from zephon_vl.wds.manifest import build_manifest, load_manifest
 
 pytest.importorskip("moto.server")

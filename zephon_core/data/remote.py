@@ -68,9 +68,24 @@ def _unwrapped(exc: BaseException) -> BaseException:
     return exc
 
 
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status an error carries: aiohttp's ``status``, gcsfs's ``HttpError.code``."""
+    for attr in ("status", "code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 def _is_permanent(exc: BaseException) -> bool:
-    """Errors that retrying cannot fix: refused credentials, bad requests."""
-    return isinstance(exc, (PermissionError, ValueError, TypeError, NotImplementedError))
+    """Errors that retrying cannot fix: refused credentials, bad requests. s3fs says
+    PermissionError; gcsfs says 403 with a plain ``OSError("Forbidden: ...")`` and 401 with
+    an ``HttpError`` (it retries only an expired token itself), HTTP with a status."""
+    if isinstance(exc, (PermissionError, ValueError, TypeError, NotImplementedError)):
+        return True
+    if type(exc) is OSError and str(exc).startswith("Forbidden"):
+        return True
+    return _http_status(exc) in (401, 403)
 
 
 #: Per storage endpoint (scheme://host or bucket), in this process: when it started
@@ -87,15 +102,19 @@ def _answered(endpoint: str) -> None:
             _failing.pop(endpoint, None)
 
 
-def _outage_start(endpoint: str, policy: RetryPolicy) -> float:
-    """When the endpoint's current outage began; a failure long after the last one (nobody
-    was retrying: more than one backoff step and request timeout apart) starts a new one."""
+def _outage_start(endpoint: str, policy: RetryPolicy, began: float) -> float:
+    """When the endpoint's current outage began, for a read whose failing try was sent at
+    `began`. The clock starts when the try was sent, not when its failure came back: a try
+    may take a request timeout or more (fsspec's HTTP ``info`` sends two requests; gcsfs
+    tries six times over ~31 s) before it fails. A try sent long after the last failure
+    (nobody was retrying: more than one backoff step and request timeout) starts a new one."""
     now = time.monotonic()
     with _failing_lock:
-        start, last = _failing.get(endpoint, (now, now))
-        if now - last > policy.maximum + policy.request_timeout + 1.0:
-            start = now
-        _failing[endpoint] = (start, now)
+        start, last = _failing.get(endpoint, (began, began))
+        if began - last > policy.maximum + policy.request_timeout + 1.0:
+            start = began
+        start = min(start, began)
+        _failing[endpoint] = (start, max(last, now))
     return start
 
 
@@ -110,6 +129,7 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
     endpoint = _endpoint(location)
     delay = policy.initial
     while True:
+        began = time.monotonic()
         try:
             out = what()
             _answered(endpoint)
@@ -126,7 +146,7 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
             if _is_permanent(exc):
                 raise StorageError(f"cannot read {where}: {cause}. Check the URL and the "
                                    "storage credentials/configuration.") from exc
-            start = _outage_start(endpoint, policy)
+            start = _outage_start(endpoint, policy, began)
             now = time.monotonic()
             if now - start >= policy.deadline:
                 raise StorageError(
@@ -141,9 +161,10 @@ def with_retries(what: Callable[[], T], policy: RetryPolicy, location: str,
 
 def _client_options(scheme: str, policy: RetryPolicy) -> dict[str, Any]:
     """Per-scheme client options. Retrying is this module's job (one deadline for every
-    scheme), so the client's own retry loop is cut short (botocore would otherwise try each
-    request about 25 times over ~9 s before we see the failure), and every request gets
-    `policy.request_timeout`, so a server that never answers is a failure, not a hang."""
+    scheme), so the client's own retry loop is cut short where the client allows it
+    (botocore would otherwise try each request about 25 times over ~9 s before we see the
+    failure; gcsfs's six tries with ~31 s of backoff are fixed in its code), and every request
+    gets `policy.request_timeout`, so a server that never answers is a failure, not a hang."""
     t = policy.request_timeout
     if scheme in ("s3", "s3a"):
         return {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": t,
@@ -153,7 +174,11 @@ def _client_options(scheme: str, policy: RetryPolicy) -> dict[str, Any]:
 
         return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, connect=t,
                                                                    sock_read=t)}}
-    return {}  # gs:// (gcsfs) keeps its own timeouts: untested here, so not guessed at
+    if scheme in ("gs", "gcs"):
+        import aiohttp
+
+        return {"requests_timeout": aiohttp.ClientTimeout(total=None, connect=t, sock_read=t)}
+    return {}
 
 
 def _filesystem(location: str, policy: RetryPolicy):

@@ -1,2 +1,2 @@
 """Test kit shipped for users' own checks: TorchTitan on CPU, a tiny model, a DCP round trip,
-test videos. Not needed to load data."""
+test videos, storage servers on 127.0.0.1 (S3, GCS, HTTP with Range). Not needed to load data."""
