@@ -25,10 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from zephon_core.common.digest import sample_digest
-from zephon_core.engine.execution import Execution
+from zephon_core import ElasticRun, Execution, sample_digest
 from zephon_core.engine.ledger import lane_entries, reader_keys, step_entry
-from zephon_core.engine.simulate import ElasticRun
 
 
 def _make(lanes: int):

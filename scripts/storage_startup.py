@@ -18,14 +18,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.recipes.assets import qwen_tokenizer_dir
-from zephon_vl.media.image import ImageSettings
-from zephon_vl.recipes import vlm_recipe
+from zephon_core import Execution, Loader, qwen_tokenizer_dir
+from zephon_vl import ImageSettings, build_manifest, vlm_recipe, write_shards
 from zephon_vl.testing.storage_servers import s3_server
-from zephon_vl.wds.manifest import build_manifest
-from zephon_vl.wds.writer import write_shards
 
 
 def tiny_jpeg(i: int) -> bytes:

@@ -19,12 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from zephon_core import Coalesce, Execution, Loader, RetryPolicy, storage_settings
-from zephon_core.recipes.assets import qwen_tokenizer_dir
-from zephon_vl.demo.data import build_demo_dataset
+from zephon_core import (
+    Coalesce,
+    Execution,
+    Loader,
+    RetryPolicy,
+    qwen_tokenizer_dir,
+    storage_settings,
+)
+from zephon_vl import WebDatasetReader, build_demo_dataset
 from zephon_vl.recipes import vlm_recipe
 from zephon_vl.testing.storage_servers import s3_server
-from zephon_vl.wds.index import WebDatasetReader
 
 MODES = {"per sample": Coalesce(max_bytes=0), "coalesced": Coalesce()}
 
