@@ -13,7 +13,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 import transformers  # noqa: E402,F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
 
 from zephon_core import ConfigError  # noqa: E402
-from zephon_vl import ImageSettings
+from zephon_vl import ImageSettings, to_device
 from zephon_vl.families.qwen import mrope_positions, to_qwen3_5  # noqa: E402
 from zephon_vl.media.image import patchify  # noqa: E402
 from zephon_vl.testing.titan_cpu import stub_torchvision  # noqa: E402
@@ -72,6 +72,7 @@ def test_patch_layout_is_torchtitans_block_order():
 def test_batch_shapes_and_special_tokens(vlm_batches):
     dl, raw = vlm_batches
     for batch in raw:
+        batch = to_device(batch, "cpu")  # uint8 frames -> the float patch rows, as convert does
         out = to_qwen3_5({k: v for k, v in batch.items() if k != "labels"},
                          dl.recipe.collate.special.pad)
         grid = batch["grid_thw"]
@@ -93,11 +94,18 @@ def test_batch_shapes_and_special_tokens(vlm_batches):
             offset += k
 
 
+def test_a_batch_of_frames_must_go_through_to_device_first(vlm_batches):
+    _, raw = vlm_batches
+    with pytest.raises(ValueError, match="to_device"):
+        to_qwen3_5({k: v for k, v in raw[0].items() if k != "labels"}, PAD)
+
+
 def test_mrope_matches_torchtitans_collator(vlm_batches):
     dl, raw = vlm_batches
     fake_self = types.SimpleNamespace(patch_order="block", spatial_merge_size=2)
     checked = 0
     for batch in raw:
+        batch = to_device(batch, "cpu")
         special = {"image_id": int(batch["image_token_id"]),
                    "video_id": int(batch["video_token_id"])}
         split = to_qwen3_5({k: v for k, v in batch.items() if k != "labels"}, PAD,

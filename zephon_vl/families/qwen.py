@@ -281,7 +281,15 @@ def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: tor
 
 def to_qwen3_5(batch: dict[str, Any], pad_id: int, merge: int = 2,
                video_mode: str = "merge", with_mrope: bool = True) -> dict[str, Any]:
-    """zephon ``VLCollate`` output (no labels) -> ``input`` + ``Qwen35Model.forward`` kwargs."""
+    """zephon ``VLCollate`` output (no labels) -> ``input`` + ``Qwen35Model.forward`` kwargs.
+
+    A batch of uint8 frames (``normalize="device"``) goes through
+    `zephon_vl.to_device` first, which makes its patch rows.
+    """
+    if "pixel_frames" in batch:
+        raise ValueError("this batch holds uint8 frames (ImageSettings(normalize='device')); "
+                         "move it with zephon_vl.to_device(batch, device) first, which makes "
+                         "the float patch rows the model takes")
     special = special_tokens_dict(batch, pad_id)
     tokens, positions = batch["input"], batch["positions"]
     grid = batch["grid_thw"]
