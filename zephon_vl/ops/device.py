@@ -47,7 +47,7 @@ def patch_rows_from_frames(frames: torch.Tensor, frames_per_item: torch.Tensor,
     temporal slot) or `temporal` (a video's frames in order); item i has
     ``prod(grid_thw[i])`` patch rows. See `zephon_vl.frame_rows_uint8`.
     """
-    n_frames, width = frames.shape
+    width = frames.shape[1]
     per_row = torch.repeat_interleave(frames_per_item.to(frames.device),
                                       grid_thw.to(frames.device).prod(dim=1))
     first = torch.cumsum(per_row, 0) - per_row
