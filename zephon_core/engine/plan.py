@@ -95,7 +95,8 @@ class Plan:
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
-                                     ex.start_method, s.name, ex.group_timeout)
+                                     ex.start_method, s.name, ex.group_timeout,
+                                     pool_cap=ex.backlog_bytes)
                 for s in self.stages if s.kind == "transform"}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,
