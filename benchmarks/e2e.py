@@ -387,3 +387,13 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
 
 RUNNERS = {"zephon": run_zephon, "grain": run_grain, "torch": run_torch, "spdl": run_spdl,
            "limit": run_limit}
+
+
+def run_energon(spec: WorkSpec, params: dict) -> Trace:
+    """Megatron-Energon (:mod:`zephon_bench.energon_e2e`; needs ``megatron-energon``)."""
+    from zephon_bench.energon_e2e import run_energon as run
+
+    return run(spec, params)
+
+
+RUNNERS["energon"] = run_energon
