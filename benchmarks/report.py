@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILY_NAMES = {"zephon": "zephon-vl", "grain": "Grain", "torch": "torch DataLoader",
-                "spdl": "SPDL", "limit": "raw limit"}
+                "spdl": "SPDL", "energon": "Megatron-Energon", "limit": "raw limit"}
 COLORS = {"zephon": "#1f77b4", "grain": "#ff7f0e", "torch": "#2ca02c", "spdl": "#9467bd",
-          "limit": "#7f7f7f"}
+          "energon": "#8c564b", "limit": "#7f7f7f"}
 HEADER = ("| loader | configuration | samples/s | tokens/s | images/s | first batch s "
           "| CPU ms/sample | main CPU ms/sample | cores used | peak PSS MB | peak shm MB "
           "| outside load | runs ok/disturbed |")
@@ -38,6 +38,7 @@ def markdown(report: dict) -> str:
                            ("ratio_vs_limit", "/ raw limit (with collate)"),
                            ("ratio_vs_torch", "/ torch DataLoader best"),
                            ("ratio_vs_spdl", "/ SPDL best"),
+                           ("ratio_vs_energon", "/ Megatron-Energon best"),
                            ("e2e_over_worker_stage", "delivered / worker-stage rate"),
                            ("peak_pss_vs_grain", "peak PSS / Grain best's"),
                            ("cpu_per_sample_vs_grain", "CPU per sample / Grain best's"),
