@@ -125,10 +125,13 @@ def e2e_chart(report: dict, path: str | Path) -> None:
         ax.margins(x=0.2)
     e = report["e2e"]
     m = report["machine"]
+    parts = [f"{e[k]:.2f}x {label}" for k, label in (
+        ("ratio_vs_grain", "Grain"), ("ratio_vs_energon", "Energon"),
+        ("ratio_vs_limit", "raw limit"), ("e2e_over_worker_stage", "its worker stage"))
+        if e.get(k)]  # only the loaders this run measured
     axes[0][0].set_title(
         f"delivered batches, {report['date'][:10]}, {m['nproc']} cores: zephon default "
-        f"{e.get('ratio_vs_grain') or 0:.2f}x Grain, {e.get('ratio_vs_limit') or 0:.2f}x raw "
-        f"limit, {e.get('e2e_over_worker_stage') or 0:.2f}x its worker stage", fontsize=9)
+        + ", ".join(parts), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
