@@ -20,6 +20,8 @@ hands over the same kind of batch:
   ``batch_size`` rows per batch and ``collate_fn`` in the workers;
 * SPDL: ``PipelineBuilder`` with the per-sample work on a process pool, the
   packer as an ``Aggregator``, the collate on SPDL's thread pool;
+* Megatron-Energon: a ``TaskEncoder`` over a crude dataset, the packer in its
+  packing hooks, the collate as its ``batch`` (:mod:`zephon_bench.energon_e2e`);
 * the raw limit: the same work, packing and collate in N processes, the
   batches kept where they were made.
 
@@ -387,3 +389,13 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
 
 RUNNERS = {"zephon": run_zephon, "grain": run_grain, "torch": run_torch, "spdl": run_spdl,
            "limit": run_limit}
+
+
+def run_energon(spec: WorkSpec, params: dict) -> Trace:
+    """Megatron-Energon (:mod:`zephon_bench.energon_e2e`; needs ``megatron-energon``)."""
+    from zephon_bench.energon_e2e import run_energon as run
+
+    return run(spec, params)
+
+
+RUNNERS["energon"] = run_energon

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILY_NAMES = {"zephon": "zephon-vl", "grain": "Grain", "torch": "torch DataLoader",
-                "spdl": "SPDL", "limit": "raw limit"}
+                "spdl": "SPDL", "energon": "Megatron-Energon", "limit": "raw limit"}
 COLORS = {"zephon": "#1f77b4", "grain": "#ff7f0e", "torch": "#2ca02c", "spdl": "#9467bd",
-          "limit": "#7f7f7f"}
+          "energon": "#8c564b", "limit": "#7f7f7f"}
 HEADER = ("| loader | configuration | samples/s | tokens/s | images/s | first batch s "
           "| CPU ms/sample | main CPU ms/sample | cores used | peak PSS MB | peak shm MB "
           "| outside load | runs ok/disturbed |")
@@ -38,6 +38,7 @@ def markdown(report: dict) -> str:
                            ("ratio_vs_limit", "/ raw limit (with collate)"),
                            ("ratio_vs_torch", "/ torch DataLoader best"),
                            ("ratio_vs_spdl", "/ SPDL best"),
+                           ("ratio_vs_energon", "/ Megatron-Energon best"),
                            ("e2e_over_worker_stage", "delivered / worker-stage rate"),
                            ("peak_pss_vs_grain", "peak PSS / Grain best's"),
                            ("cpu_per_sample_vs_grain", "CPU per sample / Grain best's"),
@@ -124,10 +125,13 @@ def e2e_chart(report: dict, path: str | Path) -> None:
         ax.margins(x=0.2)
     e = report["e2e"]
     m = report["machine"]
+    parts = [f"{e[k]:.2f}x {label}" for k, label in (
+        ("ratio_vs_grain", "Grain"), ("ratio_vs_energon", "Energon"),
+        ("ratio_vs_limit", "raw limit"), ("e2e_over_worker_stage", "its worker stage"))
+        if e.get(k)]  # only the loaders this run measured
     axes[0][0].set_title(
         f"delivered batches, {report['date'][:10]}, {m['nproc']} cores: zephon default "
-        f"{e.get('ratio_vs_grain') or 0:.2f}x Grain, {e.get('ratio_vs_limit') or 0:.2f}x raw "
-        f"limit, {e.get('e2e_over_worker_stage') or 0:.2f}x its worker stage", fontsize=9)
+        + ", ".join(parts), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of the samples before the steady state (default 0.2)")
     p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
     p.add_argument("--only", default=None, metavar="FAMILIES",
-                   help="comma-separated subset of zephon,grain,torch,spdl,limit")
+                   help="comma-separated subset of zephon,grain,torch,spdl,energon,limit")
     p.add_argument("--modes", default="e2e,worker", metavar="MODES",
                    help="what to measure, comma-separated: e2e (collated training batches "
                         "delivered to the main process) and/or worker (processed documents "
@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # --- configurations -----------------------------------------------------------------
 
-FAMILIES = ("zephon", "grain", "torch", "spdl", "limit")
+FAMILIES = ("zephon", "grain", "torch", "spdl", "energon", "limit")
 
 
 def _cfg(name: str, family: str, params: dict, scaling: int | None = None,
@@ -108,10 +108,22 @@ def have_spdl() -> bool:
     return importlib.util.find_spec("spdl") is not None
 
 
-def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None) -> list[dict]:
+def have_energon() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.energon") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
+                       energon: bool | None = None) -> list[dict]:
     """The delivered-batch grid: zephon through `Loader` (default + a few knobs), Grain,
-    DataLoader and SPDL packing and collating as their users would, the raw limit."""
+    DataLoader, SPDL and Megatron-Energon packing and collating as their users would, the
+    raw limit."""
     spdl = have_spdl() if spdl is None else spdl
+    energon = have_energon() if energon is None else energon
 
     def c(name: str, family: str, params: dict) -> dict:
         return _cfg(name, family, params, mode="e2e")
@@ -128,6 +140,9 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None) -> list
              for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
     if spdl:
         cfgs += [c(f"spdl {w} processes", "spdl", {"workers": w, "threads": 2})
+                 for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
+    if energon:
+        cfgs += [c(f"energon num_workers={w}", "energon", {"workers": w})
                  for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
     cfgs.append(c(f"raw limit {ncpu} processes", "limit", {"processes": ncpu}))
     return cfgs
@@ -209,6 +224,8 @@ def preload(spec_json: dict) -> None:
 
     if have_spdl():
         import spdl.pipeline  # noqa: F401
+    if have_energon():
+        import megatron.energon  # noqa: F401
     from zephon_bench.workload import WorkSpec
 
     from zephon_core import Loader  # noqa: F401
@@ -481,6 +498,8 @@ def _summarize_e2e(report: dict) -> None:
     }
     if best.get("spdl"):
         e2e["ratio_vs_spdl"] = _ratio(med(z), med(best.get("spdl")))
+    if best.get("energon"):
+        e2e["ratio_vs_energon"] = _ratio(med(z), med(best.get("energon")))
     report["e2e"] = e2e
     report["e2e_over_worker_stage"] = e2e["e2e_over_worker_stage"]
 
@@ -621,6 +640,14 @@ def run(args: argparse.Namespace) -> int:
     if args.only:
         keep = set(args.only.split(","))
         cfgs = [c for c in cfgs if c["family"] in keep]
+    if any(c["family"] == "energon" for c in cfgs):
+        from zephon_bench.energon_e2e import prepare
+
+        # `energon prepare` on a copy (it writes .nv-meta/ beside the shards), outside the runs
+        edata = prepare(spec, out / "energon-data")
+        for c in cfgs:
+            if c["family"] == "energon":
+                c["params"] = {**c["params"], "data": str(edata)}
     _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), {ds.num_samples} "
          f"samples in {len(spec.shards)} shards ({ds.root}), {ncpu} cores, "
          f"PIL {machine['pillow_backend']}; logs in {logdir}")

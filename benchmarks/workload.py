@@ -84,6 +84,9 @@ class Work:
     pointers: list[Pointer] = field(default_factory=list)
     #: the recipe's collate (rows -> training tensors), for the delivered-batch runs
     collate: Any = None
+    #: the stateless operators after ``read`` (decode + tokenize), for a loader that reads
+    #: the samples' bytes itself (Energon)
+    after_read: StageFn | None = None
 
     @classmethod
     def build(cls, spec: WorkSpec) -> Work:
@@ -102,12 +105,19 @@ class Work:
         rng = np.random.default_rng(spec.seed)
         order = np.concatenate([rng.permutation(len(pointers)) for _ in range(spec.epochs)])
         return cls(spec, StageFn(transforms), pack, [pointers[i] for i in order],
-                   recipe.collate)
+                   recipe.collate, StageFn(transforms[1:]))
 
     def process(self, seq: int, p: Pointer) -> tuple[Origin, Any]:
         """One sample through read + decode + tokenize (a zephon worker's exact call)."""
         origin = Origin(seq, p.dataset, p.shard, p.index, 0)
         return origin, self.fn([Element(0, p, origin)])[0]
+
+    def process_read(self, seq: int, p: Pointer, sample: dict) -> tuple[Origin, Any]:
+        """`process` for a loader that read the sample itself: `sample` is what ``read``
+        returns (``__key__``, ``__shard__`` and each member's bytes by extension)."""
+        assert self.after_read is not None
+        origin = Origin(seq, p.dataset, p.shard, p.index, 0)
+        return origin, self.after_read([Element(0, sample, origin)])[0]
 
 
 def sample_checksum(shard: int, index: int, tokens: int) -> int:

@@ -1,16 +1,18 @@
 """Smoke test of the benchmark harness's plumbing (not a timed test: no figure is checked).
 
 Every loader family runs on a tiny data set (zephon inline, Grain and torch
-without worker processes or with one, SPDL with one process, the raw limit in
-forked processes), at the worker stage and as delivered (collated) batches,
-and all must deliver the same samples, tokens, checksum and, for batches,
-the same patch rows bit for bit; the metrics, the markdown tables, the charts
+without worker processes or with one, SPDL with one process, Megatron-Energon
+with two workers when it is installed, the raw limit in forked processes), at
+the worker stage and as delivered (collated) batches, and all must deliver the
+same samples, tokens, checksum and, for batches, the same patch rows bit for
+bit; the metrics, the markdown tables, the charts
 and the `bench` command's arguments are exercised on synthetic numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from zephon_bench.vlm_bench import (
     check_tallies,
     configurations,
     e2e_configurations,
+    have_energon,
     have_spdl,
     summarize,
 )
@@ -75,6 +78,8 @@ def test_every_loader_delivers_the_same_collated_batches(spec: WorkSpec) -> None
     }
     if have_spdl():
         runs["spdl"] = {"workers": 1}
+    if have_energon():  # a packing buffer of 4: several buffers per worker, each flushed
+        runs["energon"] = {"workers": 2, "packing_buffer": 4}
     traces = {k: e2e.RUNNERS[k](spec, {**v, "pixels": True}) for k, v in runs.items()}
     ref = traces["limit"].tally
     worker = loaders.run_limit(spec, {"processes": 1}).tally
@@ -95,6 +100,28 @@ def test_every_loader_delivers_the_same_collated_batches(spec: WorkSpec) -> None
     assert check_tallies(runs_out) == []
     runs_out["e2e: grain"][0]["tally"] = {**runs_out["e2e: grain"][0]["tally"], "pixel_sum": 1}
     assert len(bad := check_tallies(runs_out)) == 1 and bad[0].startswith("e2e: grain rep 0")
+
+
+def test_energon_packs_on_a_copy_and_counts_what_the_packer_refuses(
+        spec: WorkSpec, tmp_path: Path) -> None:
+    """`energon prepare` runs on a copy (the shards' own folder stays as it was); with rows
+    too short for some documents, Energon's packing hooks deliver the same samples and
+    record the same drops as the raw limit."""
+    pytest.importorskip("megatron.energon", reason="megatron-energon is not installed "
+                        "(pip install megatron-energon==7.4.1, or the `bench` extra)")
+    from zephon_bench.energon_e2e import prepare
+
+    src = Path(spec.shards[0]).parent
+    before = sorted(p.name for p in src.iterdir())
+    short = dataclasses.replace(spec, seq_len=300)
+    data = prepare(short, tmp_path / "energon")
+    assert sorted(p.name for p in src.iterdir()) == before
+    assert (data / ".nv-meta" / "dataset.yaml").read_text().count("CrudeWebdataset") == 1
+    got = e2e.RUNNERS["energon"](short, {"workers": 1, "packing_buffer": 5, "data": str(data),
+                                         "pixels": True}).tally
+    ref = e2e.RUNNERS["limit"](short, {"processes": 1, "pixels": True}).tally
+    assert ref.dropped > 0 and ref.samples + ref.dropped == 15
+    assert dataclasses.replace(got, rows=0) == dataclasses.replace(ref, rows=0)
 
 
 def test_metrics_on_a_synthetic_run() -> None:
@@ -156,14 +183,16 @@ def test_e2e_ratios_against_targets(tmp_path: Path) -> None:
         cfg("zephon lucky", "zephon", runs(500, n=1)),
         cfg("grain a", "grain", runs(250, 1200)), cfg("grain b", "grain", runs(300, 1000)),
         cfg("torch", "torch", runs(200)), cfg("spdl", "spdl", runs(190)),
+        cfg("energon", "energon", runs(95)),
         cfg("raw", "limit", runs(400, 500))]}
     out = summarize(rep)["e2e"]
     assert out["best"] == {"zephon": "zephon default", "grain": "grain b", "torch": "torch",
-                           "spdl": "spdl", "limit": "raw"}
+                           "spdl": "spdl", "energon": "energon", "limit": "raw"}
     assert out["ratio_vs_grain"] == pytest.approx(380 / 300)
     assert out["ratio_vs_limit"] == pytest.approx(380 / 400)
     assert out["ratio_vs_torch"] == pytest.approx(380 / 200)
     assert out["ratio_vs_spdl"] == pytest.approx(380 / 190)
+    assert out["ratio_vs_energon"] == pytest.approx(380 / 95)
     assert out["peak_pss_vs_grain"] == pytest.approx(900 / 1000)
     assert rep["e2e_over_worker_stage"] == out["e2e_over_worker_stage"] == pytest.approx(0.95)
     rep.update(mode="quick", date="2025-01-01T00:00:00+00:00", reps=3, machine={
@@ -172,6 +201,7 @@ def test_e2e_ratios_against_targets(tmp_path: Path) -> None:
                        "max_pixels": 401408, "draft": False, "normalize": "device"}
     md = report.markdown(rep)
     assert "Delivered training batches" in md and "| SPDL | **spdl** |" in md
+    assert "| Megatron-Energon | **energon** |" in md and "`ratio_vs_energon`" in md
     assert "`ratio_vs_grain` (/ Grain best) | **1.27** | >= 1.25" in md
     report.e2e_chart(rep, tmp_path / "e.png")
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
@@ -181,8 +211,10 @@ def test_grid_report_and_command(tmp_path: Path) -> None:
     cfgs = configurations(quick=True, ncpu=2, scaling=True)
     fams = {c["family"] for c in cfgs}
     assert fams == {"zephon", "grain", "torch", "limit"}
-    assert {c["family"] for c in e2e_configurations(False, 2, spdl=True)} == \
-        {"zephon", "grain", "torch", "spdl", "limit"}
+    assert {c["family"] for c in e2e_configurations(False, 2, spdl=True, energon=True)} == \
+        {"zephon", "grain", "torch", "spdl", "energon", "limit"}
+    assert {c["family"] for c in e2e_configurations(True, 2, spdl=False, energon=False)} == \
+        {"zephon", "grain", "torch", "limit"}
     assert {c["mode"] for c in e2e_configurations(True, 2, spdl=False)} == {"e2e"}
     assert sorted(c["scaling"] for c in cfgs if c["family"] == "limit") == [1, 2, 4]
     med = {k: 1.0 for k in METRICS}
