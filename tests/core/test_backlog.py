@@ -76,14 +76,3 @@ def test_backlog_is_released_when_batches_are_gone():
 def test_bad_bound_is_refused():
     with pytest.raises(ConfigError, match="backlog_bytes"):
         Execution(backlog_bytes=0)
-
-
-def test_the_answer_pools_follow_the_bound():
-    """Process workers keep reusable answer files only up to their share of the bound, and
-    the digests do not change."""
-    free, _ = run(SPEC, 1, Execution(runner="inline", backlog_bytes=None))
-    ex = Execution(runner="processes", default_workers=2, backlog_bytes=96 << 20)
-    with World(SPEC, 1, ex) as w:
-        pools = [r.pool_bytes for r in w.loaders[0].runners.values()]
-        assert w.digests(STEPS) == free
-    assert pools and all(0 < p <= 48 << 20 for p in pools), pools

@@ -95,8 +95,7 @@ class Plan:
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
-                                     ex.start_method, s.name, ex.group_timeout,
-                                     pool_cap=ex.backlog_bytes)
+                                     ex.start_method, s.name, ex.group_timeout)
                 for s in self.stages if s.kind == "transform"}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,

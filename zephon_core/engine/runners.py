@@ -183,16 +183,13 @@ class ProcessRunner(Runner):
 
     `group_timeout` (seconds, None: none) bounds how long a worker may work on
     one group: past it the worker is killed and replaced and its groups re-run.
-    `pool_cap` (bytes, None: none) bounds the workers' answer pools together
-    (`Execution.backlog_bytes`).
     """
 
     kind = "processes"
     per_worker_inflight = 2
 
     def __init__(self, fn: StageFn, workers: int, start_method: str = "spawn",
-                 name: str = "stage", group_timeout: float | None = None,
-                 pool_cap: int | None = None) -> None:
+                 name: str = "stage", group_timeout: float | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"stage {name}: processes runner needs workers >= 1")
         self.name = name
@@ -202,7 +199,7 @@ class ProcessRunner(Runner):
         shm.sweep_orphans()
         self.prefix = f"zephon-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         self._owner = shm.OwnerLock(self.prefix) if shm.available() else None
-        self.pool_bytes = self._size_pools(pool_cap)
+        self.pool_bytes = self._size_pools()
         self._fn_bytes = pickle.dumps(fn)
         self._lock = threading.Lock()
         self._pending: deque[_Task] = deque()
@@ -229,14 +226,12 @@ class ProcessRunner(Runner):
         self._thread.start()
         _LIVE.add(self)
 
-    def _size_pools(self, cap: int | None) -> int:
-        """Each worker's answer pool, sized from what /dev/shm has free now and at most
-        its share of `cap` (the lanes' backlog bound: answers the lanes hold beyond it
-        are few, so files kept for reuse beyond it are memory held for nothing)."""
+    def _size_pools(self) -> int:
+        """Each worker's answer pool, sized from what /dev/shm has free now."""
         if not shm.available():
             return 0
         space = shm.space()
-        size = shm.pool_bytes(self.workers, space.free, cap)
+        size = shm.pool_bytes(self.workers, space.free)
         if size < shm.MIN_POOL_BYTES:
             need = int(self.workers * shm.MIN_POOL_BYTES / shm.POOL_SHARE)
             log.warning("zephon: stage %s: /dev/shm has %s; %d workers want %.0f MiB for "
@@ -495,11 +490,11 @@ def _close_all() -> None:
 
 
 def make_runner(kind: str, fn: StageFn, workers: int, start_method: str, name: str,
-                group_timeout: float | None = None, pool_cap: int | None = None) -> Runner:
+                group_timeout: float | None = None) -> Runner:
     if kind == "inline":
         return InlineRunner(fn)
     if kind == "threads":
         return ThreadRunner(fn, workers)
     if kind == "processes":
-        return ProcessRunner(fn, workers, start_method, name, group_timeout, pool_cap)
+        return ProcessRunner(fn, workers, start_method, name, group_timeout)
     raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")

@@ -409,12 +409,9 @@ POOL_SHARE = 0.5
 MIN_POOL_BYTES = 16 << 20
 
 
-def pool_bytes(workers: int, free: int, cap: int | None = None) -> int:
-    """Per-worker pool cap, so that the pools of `workers` fit what /dev/shm has free and
-    together hold at most `cap` bytes (never below `MIN_POOL_BYTES` for that reason)."""
+def pool_bytes(workers: int, free: int) -> int:
+    """Per-worker pool cap, so that the pools of `workers` fit what /dev/shm has free."""
     fit = int(free * POOL_SHARE) // max(1, workers)
-    if cap is not None:
-        fit = min(fit, max(MIN_POOL_BYTES, cap // max(1, workers)))
     return min(SegmentPool.MAX_BYTES, fit // SegmentPool.GRAIN * SegmentPool.GRAIN)
 
 
