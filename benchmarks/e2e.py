@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
-from zephon_bench.loaders import LastStageWatch, Trace, now, zephon_execution
+from zephon_bench.loaders import LastStageWatch, Trace, now, run_shares, zephon_execution
 from zephon_bench.workload import Work, WorkSpec, sample_checksum
 
 from zephon_core import Dropped, Origin, Pointer, Row
@@ -351,25 +351,8 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
     """
     work = Work.build(spec)
     procs_n = params.get("processes", os.cpu_count() or 1)
-    pixels = bool(params.get("pixels"))
-    ctx = mp.get_context("fork")
-    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    items = list(enumerate(work.pointers))
-    procs = [ctx.Process(target=_limit_worker,
-                         args=(work, items[i::procs_n], ready, start, out, pixels), daemon=True)
-             for i in range(procs_n)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
     trace = Trace()
-    start.set()
-    done = []
-    for _ in procs:
-        done += out.get(timeout=900)
-    for p in procs:
-        p.join(timeout=10)
-    done.sort(key=lambda x: x[0])
+    done = run_shares(work, procs_n, _limit_worker, bool(params.get("pixels")))
     tally = trace.tally
     trace.t_first = done[0][0]
     for t, ids, dropped, images, rows, patches, psum in done:

@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
@@ -273,6 +274,29 @@ def _limit_worker(work: Work, share: list[tuple[int, Pointer]], ready: Any, star
     out.put(done)
 
 
+def run_shares(work: Work, procs_n: int, target: Callable[..., None], *extra: Any) -> list:
+    """``target(work, share, ready, start, out, *extra)`` in `procs_n` forked processes,
+    each on its share of the samples; they start together once every one is ready.
+    Returns what they put on ``out``, concatenated and sorted (by time first)."""
+    ctx = mp.get_context("fork")
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    items = list(enumerate(work.pointers))
+    procs = [ctx.Process(target=target, args=(work, items[i::procs_n], ready, start, out, *extra),
+                         daemon=True) for i in range(procs_n)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)
+    start.set()
+    done = []
+    for _ in procs:
+        done += out.get(timeout=900)
+    for p in procs:
+        p.join(timeout=10)
+    done.sort(key=lambda x: x[0])
+    return done
+
+
 def run_limit(spec: WorkSpec, params: dict) -> Trace:
     """The same per-sample work in a tight loop in N processes: no loader, no transfer.
 
@@ -281,23 +305,8 @@ def run_limit(spec: WorkSpec, params: dict) -> Trace:
     """
     work = Work.build(spec)
     procs_n = params.get("processes", os.cpu_count() or 1)
-    ctx = mp.get_context("fork")
-    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    items = list(enumerate(work.pointers))
-    procs = [ctx.Process(target=_limit_worker, args=(work, items[i::procs_n], ready, start, out),
-                         daemon=True) for i in range(procs_n)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
     trace = Trace()
-    start.set()
-    done = []
-    for _ in procs:
-        done += out.get(timeout=900)
-    for p in procs:
-        p.join(timeout=10)
-    done.sort(key=lambda x: x[0])
+    done = run_shares(work, procs_n, _limit_worker)
     trace.t_end = done[-1][0]
     trace.t_first = done[0][0]
     trace.produced = [[t, 1, len(d["tokens"]), int(d["costs"].get("images", 0))]
