@@ -166,22 +166,15 @@ class GrainCollate:
 
 
 def run_grain(spec: WorkSpec, params: dict) -> Trace:
-    import grain
     import torch
     from zephon_bench.grain_pack import PackRows
-    from zephon_bench.loaders import GrainWork
+    from zephon_bench.loaders import grain_documents, grain_prefetch
 
     work = Work.build(spec)
     trace = Trace()
-    ds = grain.MapDataset.source(list(enumerate(work.pointers))).map(GrainWork(work))
-    ids = ds.to_iter_dataset(grain.ReadOptions(num_threads=params.get("threads", 1),
-                                               prefetch_buffer_size=params.get("buffer", 16)))
-    ids = PackRows(ids, work).batch(spec.batch_rows, batch_fn=GrainCollate(work))
-    if params.get("workers", 0) > 0:
-        ids = ids.mp_prefetch(grain.MultiprocessingOptions(
-            num_workers=params["workers"],
-            per_worker_buffer_size=params.get("per_worker_buffer", 1)))
-    it = iter(ids)
+    ids = PackRows(grain_documents(work, params), work).batch(spec.batch_rows,
+                                                              batch_fn=GrainCollate(work))
+    it = iter(grain_prefetch(ids, params))
     try:
         for batch in it:
             samples, dropped = _side(batch)

@@ -181,20 +181,30 @@ class GrainWork:
         return self.work.process(seq, p)
 
 
-def run_grain(spec: WorkSpec, params: dict) -> Trace:
+def grain_documents(work: Work, params: dict) -> Any:
+    """Grain's per-sample map over the samples, read with `params`' threads and buffer."""
     import grain
 
+    ds = grain.MapDataset.source(list(enumerate(work.pointers))).map(GrainWork(work))
+    return ds.to_iter_dataset(grain.ReadOptions(num_threads=params.get("threads", 1),
+                                                prefetch_buffer_size=params.get("buffer", 16)))
+
+
+def grain_prefetch(ds: Any, params: dict) -> Any:
+    """`ds` behind Grain's `mp_prefetch` with `params`' worker processes (none: as is)."""
+    import grain
+
+    if params.get("workers", 0) <= 0:
+        return ds
+    return ds.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=params["workers"], per_worker_buffer_size=params.get("per_worker_buffer", 1)))
+
+
+def run_grain(spec: WorkSpec, params: dict) -> Trace:
     work = Work.build(spec)
     batcher = RowBatcher(work.pack, spec.batch_rows, spec.seed)
     trace = Trace()
-    ds = grain.MapDataset.source(list(enumerate(work.pointers))).map(GrainWork(work))
-    ids = ds.to_iter_dataset(grain.ReadOptions(num_threads=params.get("threads", 1),
-                                               prefetch_buffer_size=params.get("buffer", 16)))
-    if params.get("workers", 0) > 0:
-        ids = ids.mp_prefetch(grain.MultiprocessingOptions(
-            num_workers=params["workers"],
-            per_worker_buffer_size=params.get("per_worker_buffer", 1)))
-    it = iter(ids)
+    it = iter(grain_prefetch(grain_documents(work, params), params))
     try:
         for origin, doc in it:
             trace.produce([doc])

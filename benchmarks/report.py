@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 FAMILY_NAMES = {"zephon": "zephon-vl", "grain": "Grain", "torch": "torch DataLoader",
                 "spdl": "SPDL", "energon": "Megatron-Energon", "limit": "raw limit"}
@@ -111,16 +112,7 @@ def e2e_chart(report: dict, path: str | Path) -> None:
              "{:.0f}"),
             (axes[0][1], "cpu_s_per_sample", "CPU ms per sample (process tree)", 1000, "{:.1f}"),
             (axes[0][2], "peak_mem_mb", "peak PSS of the process tree, MB", 1, "{:.0f}")):
-        vals = [(c["median"].get(key) or 0) * scale for c in configs]
-        bars = ax.barh(range(len(configs)), vals, color=colors)
-        for bar, c, v in zip(bars, configs, vals, strict=True):
-            if c["runs_ok"] == 0:
-                bar.set_hatch("//")
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + fmt.format(v),
-                    va="center", fontsize=7)
-        ax.set_yticks(range(len(configs)))
-        ax.set_yticklabels([c["name"] for c in configs] if ax is axes[0][0] else [],
-                           fontsize=8)
+        _bars(ax, configs, key, scale, fmt, colors, ax is axes[0][0])
         ax.set_xlabel(label, fontsize=9)
         ax.margins(x=0.2)
     e = report["e2e"]
@@ -137,6 +129,21 @@ def e2e_chart(report: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+def _bars(ax: Any, configs: list[dict], key: str, scale: float, fmt: str, colors: list,
+          named: bool) -> None:
+    """One horizontal bar per configuration (its median `key` x `scale`, written beside
+    it; hatched when no run was undisturbed), names on the y axis when `named`."""
+    vals = [(c["median"].get(key) or 0) * scale for c in configs]
+    bars = ax.barh(range(len(configs)), vals, color=colors)
+    for bar, c, v in zip(bars, configs, vals, strict=True):
+        if c["runs_ok"] == 0:
+            bar.set_hatch("//")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + fmt.format(v),
+                va="center", fontsize=7)
+    ax.set_yticks(range(len(configs)))
+    ax.set_yticklabels([c["name"] for c in configs] if named else [], fontsize=8)
+
+
 def chart(report: dict, path: str | Path) -> None:
     """Samples/s and CPU ms per sample of every configuration, and the scaling curves."""
     import matplotlib
@@ -149,22 +156,13 @@ def chart(report: dict, path: str | Path) -> None:
     ncols = 3 if has_scaling else 2
     fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols + 3, 1.2 + 0.36 * len(configs)),
                              gridspec_kw={"width_ratios": [3, 1.6, 2][:ncols]}, squeeze=False)
-    names = [c["name"] for c in configs]
     colors = [COLORS[c["family"]] for c in configs]
     m = report["machine"]
     for ax, key, label, scale, fmt in (
             (axes[0][0], "samples_per_s", "samples/s (steady state, median)", 1, "{:.0f}"),
             (axes[0][1], "cpu_s_per_sample", "CPU ms per sample (whole process tree)", 1000,
              "{:.1f}")):
-        vals = [(c["median"].get(key) or 0) * scale for c in configs]
-        bars = ax.barh(range(len(configs)), vals, color=colors)
-        for bar, c, v in zip(bars, configs, vals, strict=True):
-            if c["runs_ok"] == 0:
-                bar.set_hatch("//")
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + fmt.format(v),
-                    va="center", fontsize=7)
-        ax.set_yticks(range(len(configs)))
-        ax.set_yticklabels(names if ax is axes[0][0] else [], fontsize=8)
+        _bars(ax, configs, key, scale, fmt, colors, ax is axes[0][0])
         ax.set_xlabel(label, fontsize=9)
         ax.margins(x=0.18)
     gr = report.get("ratio_vs_grain")

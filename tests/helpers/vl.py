@@ -14,7 +14,7 @@ import math
 import re
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,13 @@ from zephon_core import (
     Loader,
     Origin,
     Recipe,
+    RetryPolicy,
     Row,
     StepMeta,
     batch_digest,
     load_tokenizer,
     qwen_tokenizer_dir,
+    run_digests,
 )
 from zephon_vl import (
     ImageSettings,
@@ -58,6 +60,9 @@ STEPS = 3  # global steps compared in the guarantee tests
 #: faster tests. Execution knobs never change a batch, which the tests check by
 #: giving every other run different ones.
 LEAN = Execution(runner="inline", group_size=2, prefetch=2, prefetch_steps=0)
+#: remote-shard tests: retries quick enough for a restarted local server
+FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
+LEAN_FAST = replace(LEAN, retry=FAST)
 TENSOR_KEYS = ("input", "labels", "positions", "pixel_values", "grid_thw")
 SCALAR_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id",
                "vision_end_token_id")
@@ -311,3 +316,8 @@ def count_batches_job(rank: int, world: int, init_file: str, out_dir: str) -> No
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(n))
     finally:
         dist.destroy_process_group()
+
+
+def digests(shards: Any, D: int, ex: Execution, steps: int = STEPS, **kw: Any) -> list[str]:
+    """The gathered digests of `steps` global batches of `make_recipe(shards, **kw)` at `D`."""
+    return [r.sha256 for r in run_digests(RecipeFactory(shards, **kw), D, steps, ex)]

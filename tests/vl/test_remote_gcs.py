@@ -22,7 +22,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
+from tests.helpers.vl import (
+    FAST,
+    LEAN_FAST,
+    STEPS,
+    demo_shards,
+    digests,
+    make_recipe,
+    reference,
+)
 from zephon_core import (
     BadSampleError,
     Execution,
@@ -32,7 +40,6 @@ from zephon_core import (
     ZephonError,
     batch_digest,
     open_shard,
-    run_digests,
 )
 from zephon_vl import build_manifest, load_manifest
 from zephon_vl.testing.storage_servers import GCS_ENV, gcs_server, s3_server
@@ -40,19 +47,12 @@ from zephon_vl.testing.storage_servers import GCS_ENV, gcs_server, s3_server
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
 
-FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
-LEAN_FAST = replace(LEAN, retry=FAST)
-
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
     local = demo_shards(tmp_path_factory)
     with gcs_server() as server:
         yield server, server.upload("zephon-test", local)
-
-
-def digests(shards, D: int, ex: Execution) -> list[str]:
-    return [r.sha256 for r in run_digests(RecipeFactory(shards), D, STEPS, ex)]
 
 
 def test_gs_shards_give_the_local_digests(gcs, tmp_path_factory) -> None:

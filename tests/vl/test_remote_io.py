@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
+from tests.helpers.vl import (
+    FAST,
+    LEAN,
+    LEAN_FAST,
+    STEPS,
+    demo_shards,
+    digests,
+    make_recipe,
+    reference,
+)
 from zephon_core import (
     Coalesce,
     ConfigError,
@@ -28,13 +37,10 @@ from zephon_core import (
     ZephonError,
     batch_digest,
     open_shard,
-    run_digests,
 )
 from zephon_vl.testing.storage_servers import http_server
 
 pytest.importorskip("aiohttp")
-
-FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +50,6 @@ def served(tmp_path_factory):
         yield server, [f"{server.url}/{Path(p).name}" for p in local]
 
 
-def digests(shards, ex: Execution, D: int = 1) -> list[str]:
-    return [r.sha256 for r in run_digests(RecipeFactory(shards), D, STEPS, ex)]
-
-
 def test_storage_settings_change_no_digest_and_stay_out_of_checkpoints(
         served, tmp_path_factory) -> None:
     _, urls = served
@@ -55,9 +57,9 @@ def test_storage_settings_change_no_digest_and_stay_out_of_checkpoints(
     other = replace(LEAN, retry=RetryPolicy(deadline=7.0, initial=0.05, maximum=0.5,
                                             request_timeout=9.0),
                     coalesce=Coalesce(max_bytes=0))
-    assert digests(urls, replace(LEAN, retry=FAST)) == want
-    assert digests(urls, other) == want
-    with Loader(make_recipe(urls), 0, 1, replace(LEAN, retry=FAST)) as first:
+    assert digests(urls, 1, LEAN_FAST) == want
+    assert digests(urls, 1, other) == want
+    with Loader(make_recipe(urls), 0, 1, LEAN_FAST) as first:
         next(first)
         state = first.state_dict()
     with Loader(make_recipe(urls), 0, 1, other) as resumed:  # the state carries no retry
@@ -110,14 +112,14 @@ def test_neighbouring_samples_share_one_range_request(served, tmp_path_factory) 
         ex = Execution(runner="inline", group_size=8, prefetch_steps=0, retry=FAST,
                        coalesce=coalesce)
         before = server.range_gets
-        assert digests(urls, ex) == want
+        assert digests(urls, 1, ex) == want
         counts[name] = server.range_gets - before
     print(f"range GETs: {counts}")
     assert counts["coalesced"] < counts["per sample"] * 0.8, counts
     small = Execution(runner="inline", group_size=8, prefetch_steps=0, retry=FAST,
                       coalesce=Coalesce(max_bytes=4096, max_gap=0))  # bounded in bytes
     before = server.range_gets
-    assert digests(urls, small) == want
+    assert digests(urls, 1, small) == want
     assert server.range_gets - before == counts["per sample"]  # demo samples exceed 4 KiB
 
 

@@ -15,22 +15,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.vl import LEAN, STEPS, RecipeFactory, demo_shards, make_recipe, reference
-from zephon_core.common.digest import batch_digest
-from zephon_core.data.remote import RetryPolicy, StorageError
-from zephon_core.engine.execution import Execution
-from zephon_core.engine.loader import Loader
-from zephon_core.engine.simulate import run_digests
-from zephon_core.errors import ZephonError
-from zephon_core.recipes.registry import recipe_from_toml
+from tests.helpers.vl import (
+    FAST,
+    LEAN,
+    LEAN_FAST,
+    STEPS,
+    demo_shards,
+    digests,
+    make_recipe,
+    reference,
+)
+from zephon_core import (
+    Execution,
+    Loader,
+    RetryPolicy,
+    StorageError,
+    ZephonError,
+    batch_digest,
+    recipe_from_toml,
+)
+from zephon_vl import build_manifest, load_manifest
 from zephon_vl.testing.storage_servers import http_server, s3_server
-from zephon_vl.wds.manifest import build_manifest, load_manifest
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-
-FAST = RetryPolicy(deadline=30.0, initial=0.1, maximum=1.0)
-LEAN_FAST = replace(LEAN, retry=FAST)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +47,6 @@ def s3(tmp_path_factory):
     with s3_server() as server:
         urls = server.upload("zephon-test", local)
         yield server, urls
-
-
-def digests(shards, D: int, ex: Execution, steps: int = STEPS, **kw) -> list[str]:
-    return [r.sha256 for r in run_digests(RecipeFactory(shards, **kw), D, steps, ex)]
 
 
 @pytest.mark.slow
