@@ -3,6 +3,8 @@ lanes hold, by backpressure: the batches never change, across D and resumes."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ from tests.helpers.core import (
     reference_digests,
     with_ballast,
 )
-from zephon_core import ConfigError, Execution
+from zephon_core import ConfigError, Execution, StageStats
 
 # every document weighs BALLAST bytes; a payload shuffle holds finished documents too
 SPEC = Spec(datasets=(DataSpec((60, 50, 70), max_len=40),), map_fn=with_ballast,
@@ -76,3 +78,22 @@ def test_backlog_is_released_when_batches_are_gone():
 def test_bad_bound_is_refused():
     with pytest.raises(ConfigError, match="backlog_bytes"):
         Execution(backlog_bytes=0)
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes"])
+def test_an_observer_keeps_no_document_alive(runner):
+    """Finished documents are freed when the last reference goes, observer or not: a
+    reference cycle through a group's future would hold every answer (and its shared
+    memory) until the cyclic garbage collector happened to run."""
+    held = []
+    for observer in (None, StageStats()):
+        gc.disable()
+        try:
+            with World(SPEC, 1, Execution(runner=runner, default_workers=2, backlog_bytes=None),
+                       observer=observer) as w:
+                w.digests(STEPS)
+                w.loaders[0].drain()
+                held.append(w.loaders[0].backlog.held)
+        finally:
+            gc.enable()
+    assert held == [0, 0]

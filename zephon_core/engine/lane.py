@@ -34,18 +34,27 @@ def element_key(seed: int, o: Origin) -> int:
 
 
 class _Group:
-    """A group submitted to a stage's runner; `done` is stamped when its future completes."""
+    """A group submitted to a stage's runner; with an observer, `done` is when its future
+    completed."""
 
-    __slots__ = ("origins", "future", "submitted", "done")
+    __slots__ = ("origins", "future", "submitted", "_done")
 
-    def __init__(self, origins: list[Origin], future: Future, submitted: float) -> None:
+    def __init__(self, origins: list[Origin], future: Future, submitted: float,
+                 observed: bool) -> None:
         self.origins = origins
         self.future = future
         self.submitted = submitted
-        self.done = 0.0
+        self._done: list[float] = []
+        if observed:
+            # the callback holds the list, not the group: a group -> future -> callback ->
+            # group cycle would keep every answer (and its shared memory) alive until the
+            # cyclic garbage collector happened to run
+            done = self._done
+            future.add_done_callback(lambda _: done.append(time.monotonic()))
 
-    def stamp(self, _: Future) -> None:
-        self.done = time.monotonic()
+    @property
+    def done(self) -> float:
+        return self._done[0] if self._done else 0.0
 
 
 class _TransformState:
@@ -236,11 +245,10 @@ class LaneRun:
         n = min(self.group_size, len(st.waiting))
         take = [st.waiting.popleft() for _ in range(n)]
         elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
-        submitted = time.monotonic() if self.observer is not None else 0.0
-        group = _Group([o for o, _ in take], self.runners[i].submit(elements), submitted)
-        if self.observer is not None:
-            group.future.add_done_callback(group.stamp)
-        st.inflight.append(group)
+        observed = self.observer is not None
+        submitted = time.monotonic() if observed else 0.0
+        st.inflight.append(_Group([o for o, _ in take], self.runners[i].submit(elements),
+                                  submitted, observed))
 
     def pump(self) -> bool:
         """Move everything that can move without waiting; True if anything did."""
