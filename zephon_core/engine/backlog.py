@@ -37,7 +37,8 @@ MIN_TRACKED = 4096
 
 
 class _Lane(Protocol):
-    def transform_count(self) -> int: ...
+    #: the lane's elements waiting for or inside a transform stage
+    transforming: int
 
 
 def _arrays(obj: Any) -> Iterator[np.ndarray]:
@@ -115,7 +116,7 @@ class Backlog:
         `needy`: the next step still waits for its rows."""
         if self.limit is None:
             return True
-        in_transforms = sum(lane.transform_count() for lane in self.lanes)
+        in_transforms = sum(lane.transforming for lane in self.lanes)
         if self.documents:
             fits = self.held + (in_transforms + 1) * self.largest <= self.limit
         else:  # nothing finished yet, so no size to price the in-flight work at: one group

@@ -58,14 +58,25 @@ class _Group:
 
 
 class _TransformState:
-    __slots__ = ("waiting", "inflight")
+    __slots__ = ("waiting", "inflight", "submitted")
 
     def __init__(self) -> None:
         self.waiting: deque[tuple[Origin, Any]] = deque()
         self.inflight: deque[_Group] = deque()
+        #: elements in `inflight`, kept as a count: the driver asks before every draw
+        self.submitted = 0
+
+    def push(self, group: _Group) -> None:
+        self.inflight.append(group)
+        self.submitted += len(group.origins)
+
+    def pop(self) -> _Group:
+        group = self.inflight.popleft()
+        self.submitted -= len(group.origins)
+        return group
 
     def count(self) -> int:
-        return len(self.waiting) + sum(len(g.origins) for g in self.inflight)
+        return len(self.waiting) + self.submitted
 
     def origins(self) -> list[Origin]:
         """Oldest first: submitted groups, then not yet submitted."""
@@ -120,11 +131,15 @@ class LaneRun:
         #: with the ledger on (`plan.digests`): sample digests made by the workers, by
         #: origin, until the element's last segment is in a row
         self.digests: dict[Origin, dict[str, str]] | None = {} if plan.digests else None
+        #: elements waiting for or inside a transform stage (not yet finished documents),
+        #: counted as they move: the backlog sums it over the lanes before every draw
+        self.transforming = 0
 
     # --- moving elements ---------------------------------------------------
     def _to_stage(self, i: int, origin: Origin, payload: Any) -> None:
         if i in self.t:
             self.t[i].waiting.append((origin, payload))
+            self.transforming += 1
         else:
             self.inbox[i].append((origin, payload))
 
@@ -223,17 +238,13 @@ class LaneRun:
         return digest
 
     def _in_flight(self) -> int:
-        return sum(st.count() for st in self.t.values()) + sum(len(b) for b in self.inbox.values())
-
-    def transform_count(self) -> int:
-        """Elements waiting for or inside a transform stage (not yet finished documents)."""
-        return sum(st.count() for st in self.t.values())
+        return self.transforming + sum(len(b) for b in self.inbox.values())
 
     def _can_pull(self) -> bool:
         if (self.source_done or self.rows_emitted >= self.want_rows
                 or self._in_flight() >= self.budget):
             return False
-        return self.backlog is None or self.backlog.admits(self.transform_count(),
+        return self.backlog is None or self.backlog.admits(self.transforming,
                                                            len(self.rows) < self.r)
 
     def _empty_before(self, i: int) -> bool:
@@ -247,8 +258,8 @@ class LaneRun:
         elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
         observed = self.observer is not None
         submitted = time.monotonic() if observed else 0.0
-        st.inflight.append(_Group([o for o, _ in take], self.runners[i].submit(elements),
-                                  submitted, observed))
+        st.push(_Group([o for o, _ in take], self.runners[i].submit(elements), submitted,
+                       observed))
 
     def pump(self) -> bool:
         """Move everything that can move without waiting; True if anything did."""
@@ -256,7 +267,8 @@ class LaneRun:
         for i in sorted(self.t, reverse=True):
             st = self.t[i]
             while st.inflight and st.inflight[0].future.done():
-                group = st.inflight.popleft()
+                group = st.pop()
+                self.transforming -= len(group.origins)
                 try:
                     outs = group.future.result()
                 except ZephonError:

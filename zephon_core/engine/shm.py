@@ -41,6 +41,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zephon_core.records import Origin, Pointer
+
 SHM_DIR = Path("/dev/shm")
 MIN_BYTES = 4096
 _ALIGN = 64
@@ -92,8 +94,14 @@ def available() -> bool:
     return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
 
 
+#: types that are never a leaf nor hold one (most of a message's values), answered first
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), Origin, Pointer})
+
+
 def _walk(obj: Any, is_leaf, fn) -> Any:
     """Rebuild `obj` with `fn` applied to every leaf for which `is_leaf` holds."""
+    if type(obj) in _PLAIN:
+        return obj
     if is_leaf(obj):
         return fn(obj)
     if isinstance(obj, dict):
@@ -151,10 +159,8 @@ def _write(mm: mmap.mmap, arrays: list[np.ndarray]) -> None:
 def pack(obj: Any, prefix: str) -> Packed:
     """Replace large arrays in `obj` by references into one new shared-memory file
     (left in place, pickled, when /dev/shm is full)."""
-    if not available():
-        return Packed(obj, None, 0)
     body, arrays, size = _collect(obj)
-    if not arrays:
+    if not arrays or not available():
         return Packed(obj, None, 0)
     try:
         return _one_shot(body, arrays, size, prefix)
@@ -220,13 +226,15 @@ class SegmentPool:
         self._maps: dict[str, mmap.mmap] = {}
         self._free: set[str] = set()
         self._ids = itertools.count()
+        #: asked once: a check per answer costs two system calls
+        self.usable = available()
 
     def release(self, names: list[str]) -> None:
         """The receiver no longer reads these files; names not of this pool are ignored."""
         self._free.update(n for n in names if n in self._maps)
 
     def pack(self, items: list[Any]) -> PackedList | Packed:
-        if not available():
+        if not self.usable:
             return Packed(items, None, 0)
         return PackedList([self._pack_one(x) for x in items])
 
