@@ -220,6 +220,8 @@ class ProcessRunner(Runner):
         # names of pooled answer files the driver no longer reads (appended by finalizers)
         self._released: deque[str] = deque()
         self._free_by_pid: dict[int, list[str]] = {}
+        #: the workers' pooled files, mapped once (the dispatcher thread's)
+        self._mappings = shm.Mappings()
         for i in range(workers):
             self._start_worker(i)
         self._thread = threading.Thread(target=self._dispatch, name=f"zephon-{name}", daemon=True)
@@ -372,7 +374,8 @@ class ProcessRunner(Runner):
         if status == "ok":
             self._count_pickled(getattr(payload, "items", [payload]))
             try:
-                task.future.set_result(shm.unpack(payload, self._released.append))
+                task.future.set_result(shm.unpack(payload, self._released.append,
+                                                  self._mappings))
             except BaseException as exc:  # noqa: BLE001
                 task.future.set_exception(exc)
         else:
@@ -419,6 +422,7 @@ class ProcessRunner(Runner):
                     self._pending.appendleft(task)
         conn.close()
         shm.remove_leftovers(f"{self.prefix}{p.pid}-")
+        self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
         self._free_by_pid.pop(p.pid, None)
         if not self._broken:
             self._start_worker(i)
@@ -475,6 +479,7 @@ class ProcessRunner(Runner):
         self._wake_r.close()
         self._wake_w.close()
         shm.remove_leftovers(self.prefix)
+        self._mappings.forget_prefix(self.prefix)
         if self._owner is not None:
             self._owner.release()
         _LIVE.discard(self)

@@ -35,7 +35,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -204,6 +204,9 @@ class PackedList(NamedTuple):
     long (a document waiting in an open packer bin) pins only its own file."""
 
     items: list[Packed]
+    #: pooled files the sender removed since its last message: a receiver that keeps
+    #: mappings (`Mappings`) forgets them
+    dropped: tuple[str, ...] = ()
 
 
 class SegmentPool:
@@ -223,6 +226,7 @@ class SegmentPool:
         self.prefix = f"{prefix}{os.getpid()}-p"
         self.max_bytes = max_bytes
         self.bytes = 0
+        self._dropped: list[str] = []
         self._maps: dict[str, mmap.mmap] = {}
         self._free: set[str] = set()
         self._ids = itertools.count()
@@ -236,7 +240,9 @@ class SegmentPool:
     def pack(self, items: list[Any]) -> PackedList | Packed:
         if not self.usable:
             return Packed(items, None, 0)
-        return PackedList([self._pack_one(x) for x in items])
+        packed = PackedList([self._pack_one(x) for x in items], tuple(self._dropped))
+        self._dropped.clear()
+        return packed
 
     def _pack_one(self, obj: Any) -> Packed:
         body, arrays, size = _collect(obj)
@@ -288,16 +294,68 @@ class SegmentPool:
         self.bytes -= len(mm)
         mm.close()
         (SHM_DIR / name).unlink(missing_ok=True)
+        self._dropped.append(name)
 
 
-def unpack(packed: Packed | PackedList,
-           on_release: Callable[[str], None] | None = None) -> Any:
+class Mappings:
+    """A receiver's mappings of a sender's pooled files, kept from one answer to the next.
+
+    Mapping a file afresh for every answer costs a page fault per few pages when
+    the answer is first read and a page-table teardown (with TLB shootdowns across
+    cores) when it is let go: together about as much as copying the data twice. A
+    pooled file is reused, so the receiver maps it once. The files the sender
+    removes come back in its answers (`PackedList.dropped`) and are forgotten
+    here; a mapping is undone once no array views it any more. Used by one thread.
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def get(self, name: str) -> mmap.mmap | None:
+        """The mapping of pooled file `name`; None past the mapping budget (`_held`)."""
+        mm = self._maps.get(name)
+        if mm is None:
+            if not _held.take():
+                return None
+            fd = os.open(SHM_DIR / name, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, 0)
+            except BaseException:
+                _held.give_back()
+                raise
+            finally:
+                os.close(fd)
+            weakref.finalize(mm, _held.give_back).atexit = False
+            self._maps[name] = mm
+        return mm
+
+    def forget(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._maps.pop(name, None)
+
+    def forget_prefix(self, prefix: str) -> None:
+        """Forget every file of one sender (a worker that died: its files are gone)."""
+        self.forget([n for n in self._maps if n.startswith(prefix)])
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+
+def unpack(packed: Packed | PackedList, on_release: Callable[[str], None] | None = None,
+           mappings: Mappings | None = None) -> Any:
     """Rebuild a message. A one-shot file is unlinked here; a pooled one is handed to
-    `on_release` once the last array viewing it is garbage."""
+    `on_release` once the last array viewing it is garbage. With `mappings` a pooled
+    file is read through the receiver's kept mapping of it."""
     if isinstance(packed, PackedList):
-        return [unpack(p, on_release) for p in packed.items]
+        if mappings is not None:
+            mappings.forget(packed.dropped)
+        return [unpack(p, on_release, mappings) for p in packed.items]
     if packed.segment is None:
         return packed.body
+    if packed.pooled and on_release is not None and mappings is not None:
+        mm = mappings.get(packed.segment)
+        if mm is not None:
+            return _views(packed, mm, on_release)
     path = SHM_DIR / packed.segment
     fd = os.open(path, os.O_RDWR)
     try:
@@ -323,6 +381,20 @@ def unpack(packed: Packed | PackedList,
         mm.close()
         on_release(packed.segment)
     return out
+
+
+def _views(packed: Packed, mm: mmap.mmap, on_release: Callable[[str], None]) -> Any:
+    """The message's arrays as views of one array over the file's bytes: when the last of
+    them is garbage, so is that array, and the file is released."""
+    whole = np.frombuffer(mm, np.uint8, packed.size)
+    weakref.finalize(whole, on_release, packed.segment).atexit = False
+
+    def give(ref: _ArrayRef) -> np.ndarray:
+        dtype = np.dtype(ref.dtype)
+        end = ref.offset + int(np.prod(ref.shape, dtype=np.int64)) * dtype.itemsize
+        return whole[ref.offset:end].view(dtype).reshape(ref.shape)
+
+    return _walk(packed.body, _is_ref, give)
 
 
 class _MappingBudget:
