@@ -29,11 +29,12 @@ def intact(msg: dict) -> bool:
                 and (msg["ids"] == np.arange(tag, tag + n // 8)).all())
 
 
-def send(pool: shm.SegmentPool, tag: int, size: int, released: list[str]) -> tuple[str, dict]:
+def send(pool: shm.SegmentPool, tag: int, size: int, released: list[str],
+         mappings: shm.Mappings | None = None) -> tuple[str, dict]:
     """One message through the pool; returns its file's name and the received message."""
     packed = pool.pack([message(tag, size)])
     (item,) = packed.items
-    (got,) = shm.unpack(packed, released.append)
+    (got,) = shm.unpack(packed, released.append, mappings)
     return item, got
 
 
@@ -87,20 +88,23 @@ def test_past_the_mapping_budget_answers_are_copied_and_released_at_once(monkeyp
         pool.close()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(4096, 1_500_000), st.booleans()), min_size=1,
                 max_size=30),
-       st.integers(1, 12))
-def test_pool_never_overwrites_a_held_message(plan, grains):
-    """Any sizes, any pattern of holding and dropping: every held message stays intact."""
+       st.integers(1, 12), st.booleans())
+def test_pool_never_overwrites_a_held_message(plan, grains, kept_mappings):
+    """Any sizes, any pattern of holding and dropping, with or without the receiver keeping
+    its mappings: every held message stays intact, and kept mappings are of files the
+    pool still has."""
     pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_bytes=grains * shm.SegmentPool.GRAIN)
+    mappings = shm.Mappings() if kept_mappings else None
     released: list[str] = []
     held = []
     try:
         for tag, (size, keep) in enumerate(plan):
             pool.release(released)
             released.clear()
-            _, got = send(pool, tag, size, released)
+            item, got = send(pool, tag, size, released, mappings)
             assert intact(got)
             if keep:
                 held.append(got)
@@ -108,6 +112,32 @@ def test_pool_never_overwrites_a_held_message(plan, grains):
             gc.collect()
             assert all(map(intact, held))
             assert pool.bytes <= pool.max_bytes
+            if mappings is not None:
+                # the files the pool removed were named in its last answer and forgotten
+                assert mappings.names() <= pool.names()
+    finally:
+        pool.close()
+
+
+def test_kept_mapping_is_reused_and_released_per_answer():
+    """A file read through kept mappings is mapped once; each answer in it is released when
+    its own arrays are gone, and a later answer in the same file reads the new bytes."""
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-")
+    mappings = shm.Mappings()
+    released: list[str] = []
+    try:
+        a, got_a = send(pool, 1, 100_000, released, mappings)
+        assert len(mappings) == 1 and released == []
+        pixels = got_a["pixels"][10:20]  # a slice alone keeps the answer
+        del got_a
+        gc.collect()
+        assert released == []
+        del pixels
+        gc.collect()
+        assert released == [a.segment]
+        pool.release(released)
+        b, got_b = send(pool, 2, 60_000, released, mappings)
+        assert b.segment == a.segment and len(mappings) == 1 and intact(got_b)
     finally:
         pool.close()
 

@@ -233,6 +233,10 @@ class SegmentPool:
         #: asked once: a check per answer costs two system calls
         self.usable = available()
 
+    def names(self) -> set[str]:
+        """The pool's files now."""
+        return set(self._maps)
+
     def release(self, names: list[str]) -> None:
         """The receiver no longer reads these files; names not of this pool are ignored."""
         self._free.update(n for n in names if n in self._maps)
@@ -336,6 +340,10 @@ class Mappings:
     def forget_prefix(self, prefix: str) -> None:
         """Forget every file of one sender (a worker that died: its files are gone)."""
         self.forget([n for n in self._maps if n.startswith(prefix)])
+
+    def names(self) -> set[str]:
+        """The files mapped now."""
+        return set(self._maps)
 
     def __len__(self) -> int:
         return len(self._maps)
