@@ -58,25 +58,14 @@ class _Group:
 
 
 class _TransformState:
-    __slots__ = ("waiting", "inflight", "submitted")
+    __slots__ = ("waiting", "inflight")
 
     def __init__(self) -> None:
         self.waiting: deque[tuple[Origin, Any]] = deque()
         self.inflight: deque[_Group] = deque()
-        #: elements in `inflight`, kept as a count: the driver asks before every draw
-        self.submitted = 0
-
-    def push(self, group: _Group) -> None:
-        self.inflight.append(group)
-        self.submitted += len(group.origins)
-
-    def pop(self) -> _Group:
-        group = self.inflight.popleft()
-        self.submitted -= len(group.origins)
-        return group
 
     def count(self) -> int:
-        return len(self.waiting) + self.submitted
+        return len(self.waiting) + sum(len(g.origins) for g in self.inflight)
 
     def origins(self) -> list[Origin]:
         """Oldest first: submitted groups, then not yet submitted."""
@@ -258,8 +247,8 @@ class LaneRun:
         elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
         observed = self.observer is not None
         submitted = time.monotonic() if observed else 0.0
-        st.push(_Group([o for o, _ in take], self.runners[i].submit(elements), submitted,
-                       observed))
+        group = _Group([o for o, _ in take], self.runners[i].submit(elements), submitted, observed)
+        st.inflight.append(group)
 
     def pump(self) -> bool:
         """Move everything that can move without waiting; True if anything did."""
@@ -267,7 +256,7 @@ class LaneRun:
         for i in sorted(self.t, reverse=True):
             st = self.t[i]
             while st.inflight and st.inflight[0].future.done():
-                group = st.pop()
+                group = st.inflight.popleft()
                 self.transforming -= len(group.origins)
                 try:
                     outs = group.future.result()

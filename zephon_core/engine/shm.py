@@ -11,7 +11,10 @@ every message, about as much as the copy itself. Workers therefore answer
 through a `SegmentPool`: files they keep mapped and reuse, one per document
 of an answer. The receiver maps a pooled file without unlinking it and
 reports it free (`on_release`) only once every array viewing it is gone, so
-a file is never rewritten while anyone can still read it.
+a file is never rewritten while anyone can still read it. A receiver that
+keeps its mappings too (`Mappings`, the process runner's) maps each pooled
+file once: no page faults when an answer is first read, no page-table
+teardown when it is let go.
 
 Writing into a mapping of a full tmpfs kills the writer with SIGBUS, so every
 file's pages are reserved (`posix_fallocate`) before it is mapped: a full

@@ -61,12 +61,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from zephon_core import ConfigError
 from zephon_vl.families.base import TitanOptions, VisionFamily
 
 if TYPE_CHECKING:
+    import torch
+
     from zephon_core import Recipe
     from zephon_vl.media.image import ImageSettings, VisionPatches
 
@@ -191,6 +192,8 @@ def _item_kinds(tokens: torch.Tensor, grid_thw: torch.Tensor, merge: int,
     Items follow the placeholder runs of ``tokens`` in row-major order; item
     ``k`` covers ``prod(grid_thw[k]) / merge**2`` placeholders.
     """
+    import torch  # here, not at the top: worker processes import this module without torch
+
     flat = tokens.reshape(-1)
     where = torch.nonzero((flat == image_id) | (flat == video_id)).reshape(-1)
     counts = (grid_thw.prod(-1) // (merge * merge)).tolist()
@@ -237,6 +240,8 @@ def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: tor
     ``MultiModalCollator._build_mrope_positions`` computes (tests check both
     images and videos).
     """
+    import torch
+
     rows, seq = tokens.shape
     out = torch.zeros(rows, seq, 3, dtype=torch.int64)
     grids = grid_thw.tolist()
@@ -290,6 +295,8 @@ def to_qwen3_5(batch: dict[str, Any], pad_id: int, merge: int = 2,
         raise ValueError("this batch holds uint8 frames (ImageSettings(normalize='device')); "
                          "move it with zephon_vl.to_device(batch, device) first, which makes "
                          "the float patch rows the model takes")
+    import torch
+
     special = special_tokens_dict(batch, pad_id)
     tokens, positions = batch["input"], batch["positions"]
     grid = batch["grid_thw"]
