@@ -32,3 +32,18 @@ def worker_budget() -> int:
     ranks 8 times over, so each rank gets ``usable cores // ranks here``, at least 1.
     """
     return max(1, usable_cores() // ranks_on_this_machine())
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc's `malloc_trim`; a no-op
+    elsewhere): after a large library object is dropped, glibc keeps its pages otherwise."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is not None:
+        trim(0)

@@ -14,6 +14,7 @@ from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
+from zephon_core.ops.text import TokenizerTransform
 
 
 @dataclass
@@ -91,6 +92,13 @@ class Plan:
         return StageFn([op for s in self.stages[:upto] if s.kind == "transform"
                         for op in s.ops],  # type: ignore[misc]
                        storage=self.execution.storage())
+
+    def tokenizes_only_in_workers(self) -> bool:
+        """True when every tokenizing transform runs in worker processes: the driver then
+        needs no tokenizer of its own once the recipe is built."""
+        stages = [s for s in self.stages if s.kind == "transform"
+                  and any(isinstance(op, TokenizerTransform) for op in s.ops)]
+        return bool(stages) and all(s.runner_kind == "processes" for s in stages)
 
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.common.system import release_free_heap
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.ops.contract import Transform, check_on_error
 from zephon_core.records import Element
@@ -44,6 +46,18 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     transformers); other folders go through ``AutoTokenizer``. One per process.
     """
     return _load_tokenizer(str(Path(path).resolve()))
+
+
+def forget_tokenizers() -> None:
+    """Drop this process's cached tokenizers and return their memory to the system.
+
+    A driver loads a tokenizer only to read a few ids while a recipe is built;
+    once the transforms that tokenize run in worker processes (each loads its
+    own), keeping it would hold hundreds of MB in the driver for nothing.
+    """
+    _load_tokenizer.cache_clear()
+    gc.collect()
+    release_free_heap()
 
 
 @lru_cache(maxsize=4)
