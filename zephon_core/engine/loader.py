@@ -26,7 +26,6 @@ from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
-from zephon_core.ops.text import forget_tokenizers
 from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Origin
 
@@ -123,8 +122,7 @@ class Loader:
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
-        if self.plan.tokenizes_only_in_workers():
-            forget_tokenizers()  # read while the recipe was built; the workers load their own
+        self.plan.release_driver_tokenizers()  # read while the recipe was built
         self.gather = gather
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
@@ -514,6 +512,7 @@ class Loader:
         self.step = self._produced = int(state["step"])
         self._failed = None
         self._build_lanes(snaps)
+        self.plan.release_driver_tokenizers()  # loaded to recompute the lanes' payloads
         if self.ledger is not None:
             self.ledger.restart()
 

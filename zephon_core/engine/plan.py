@@ -14,7 +14,7 @@ from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
-from zephon_core.ops.text import TokenizerTransform
+from zephon_core.ops.text import TokenizerTransform, forget_tokenizers
 
 
 @dataclass
@@ -99,6 +99,16 @@ class Plan:
         stages = [s for s in self.stages if s.kind == "transform"
                   and any(isinstance(op, TokenizerTransform) for op in s.ops)]
         return bool(stages) and all(s.runner_kind == "processes" for s in stages)
+
+    def release_driver_tokenizers(self) -> None:
+        """When only workers tokenize: drop the tokenizers this process loaded to build the
+        recipe or to recompute payloads on restore, and return their memory."""
+        if not self.tokenizes_only_in_workers():
+            return
+        for op in self.ops:
+            if isinstance(op, TokenizerTransform):
+                op.unload()
+        forget_tokenizers()
 
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution

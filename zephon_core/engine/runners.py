@@ -206,6 +206,8 @@ class ProcessRunner(Runner):
         self._next_id = 0
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        #: a wake-up byte is on its way to the dispatcher (guarded by `_lock`)
+        self._woken = False
         self._procs: list[Any] = [None] * workers
         self._conns: list[Connection | None] = [None] * workers
         self._assigned: list[deque[_Task]] = [deque() for _ in range(workers)]
@@ -270,7 +272,9 @@ class ProcessRunner(Runner):
                 raise RuntimeError(self._broken or f"runner {self.name} is closed")
             self._pending.append(_Task(self._next_id, packed, fut, samples or "?"))
             self._next_id += 1
-        self._wake_w.send_bytes(b"x")
+            wake, self._woken = not self._woken, True
+        if wake:  # one byte until the dispatcher looks at the queue again
+            self._wake_w.send_bytes(b"x")
         return fut
 
     def _count_pickled(self, items: list[Any]) -> None:
@@ -298,6 +302,7 @@ class ProcessRunner(Runner):
 
     def _assign(self) -> None:
         with self._lock:
+            self._woken = False  # a task queued from here on wakes the dispatcher again
             for i in range(self.workers):
                 while self._pending and len(self._assigned[i]) < self.per_worker_inflight:
                     task = self._pending.popleft()

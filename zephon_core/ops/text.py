@@ -130,6 +130,10 @@ class TokenizerTransform(Transform):
         if self._tok is None:
             self._tok = load_tokenizer(self.tokenizer_path)
 
+    def unload(self) -> None:
+        """Let go of the tokenizer in this process (`setup` loads it again)."""
+        self._tok = None
+
 
 class Tokenize(TokenizerTransform):
     """Text -> token ids with a `transformers` tokenizer loaded from a local path.
