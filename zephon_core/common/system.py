@@ -38,12 +38,9 @@ def release_free_heap() -> None:
     """Give the C heap's free memory back to the system (glibc's `malloc_trim`; a no-op
     elsewhere): after a large library object is dropped, glibc keeps its pages otherwise."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        trim = ctypes.CDLL(None).malloc_trim  # the symbols already loaded: libc's
     except (OSError, AttributeError):
-        trim = None
-    if trim is not None:
-        trim(0)
+        return
+    trim(0)
