@@ -209,7 +209,7 @@ class TokenizeMultimodal(TokenizerTransform):
                                                 if self.family.layout else {})}
 
     def setup(self) -> None:
-        if self._ids is None:
+        if self._tok is None:  # first use, or after `unload`
             super().setup()
             self._ids = self.family.special_tokens(self._tok)
 
