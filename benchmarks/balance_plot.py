@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from zephon_bench.portable import ROOT
 
 
 def plot(before: dict, after: dict, path: Path) -> None:

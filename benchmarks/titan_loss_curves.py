@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from zephon_bench.portable import ROOT, portable
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -159,11 +159,9 @@ def _report(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
                          "steps": [r["step"] for r in recs]}
         lines.append(f"| {name} | {recs[0]['step']}-{recs[-1]['step']} | "
                      f"{'yes' if same else 'NO'} | {diff:.3g} |")
-    def shown(v: object) -> str:  # paths relative to the repository, not this machine's
-        text = str(v)
-        return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
-
-    return {"config": {k: shown(v) for k, v in vars(args).items()}, "runs": per_run,
+    internal = {"worker", "out", "init", "resume"}  # one rank's flags, set by `_launch`
+    config = {k: portable(str(v)) for k, v in vars(args).items() if k not in internal}
+    return {"config": config, "runs": per_run,
             "digests_identical": ok, "table": "\n".join(lines)}
 
 

@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon_bench.portable import portable
+
 from zephon_core import atomic_write, usable_cores
 
-ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
            "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb",
            "outside_load", "outside_load_steady", "wall_s", "overall_samples_per_s",
@@ -759,7 +760,7 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_s": time.monotonic() - t_begin,
     }
     summarize(report)
-    text = json.dumps(report, indent=1)
+    text = portable(json.dumps(report, indent=1))
     (out / "bench.json").write_text(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -93,21 +93,18 @@ class Plan:
                         for op in s.ops],  # type: ignore[misc]
                        storage=self.execution.storage())
 
-    def tokenizes_only_in_workers(self) -> bool:
-        """True when every tokenizing transform runs in worker processes: the driver then
-        needs no tokenizer of its own once the recipe is built."""
+    def release_driver_tokenizers(self) -> None:
+        """When every tokenizing transform runs in worker processes (each loads its own):
+        drop the tokenizers this process loaded to build the recipe or to recompute
+        payloads on restore, and return their memory."""
         stages = [s for s in self.stages if s.kind == "transform"
                   and any(isinstance(op, TokenizerTransform) for op in s.ops)]
-        return bool(stages) and all(s.runner_kind == "processes" for s in stages)
-
-    def release_driver_tokenizers(self) -> None:
-        """When only workers tokenize: drop the tokenizers this process loaded to build the
-        recipe or to recompute payloads on restore, and return their memory."""
-        if not self.tokenizes_only_in_workers():
+        if not stages or any(s.runner_kind != "processes" for s in stages):
             return
-        for op in self.ops:
-            if isinstance(op, TokenizerTransform):
-                op.unload()
+        for s in stages:
+            for op in s.ops:
+                if isinstance(op, TokenizerTransform):
+                    op.unload()
         forget_tokenizers()
 
     def make_runners(self) -> dict[int, Runner]:

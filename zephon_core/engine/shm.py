@@ -348,9 +348,6 @@ class Mappings:
         """The files mapped now."""
         return set(self._maps)
 
-    def __len__(self) -> int:
-        return len(self._maps)
-
 
 def unpack(packed: Packed | PackedList, on_release: Callable[[str], None] | None = None,
            mappings: Mappings | None = None) -> Any:
