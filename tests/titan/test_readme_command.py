@@ -1,55 +1,118 @@
-"""The README's TorchTitan command runs as written: its batch sizes agree with its lanes.
+"""The README's TorchTitan commands, tested by running them.
 
-The command once set ``num_lanes 64`` over the configs' global batch of 8,
-which the loader refuses (``G % L != 0``) before the first step.
+Every ``torchrun`` command of the README must have batch sizes that agree
+with its lanes (the command once set ``num_lanes 64`` over a global batch of
+8, refused before the first step). The CPU commands (``-m
+zephon_vl.testing.titan_cpu``) are run as written, with only where-to-write
+flags added (dump folder, ledger, plain logs): they must train their steps at
+D=2 and checkpoint; the checkpoint is then resumed at D=1, where the ledger
+(SHA-256 of every global batch) and the losses of the remaining steps must
+equal the D=2 run's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
+from zephon_core import compare_ledgers, read_ledger  # noqa: E402
+
 README = Path(__file__).resolve().parents[2] / "README.md"
+CPU_LAUNCHER = "zephon_vl.testing.titan_cpu"
+#: FSDP at another D sums gradients in another order (measured: |diff| ~1e-6).
+LOSS_RTOL = 1e-4
+STEP_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def torchrun_commands() -> list[dict[str, str]]:
-    """Each ``torchrun`` command of the README as {flag: value}."""
-    text = README.read_text()
+def torchrun_commands() -> list[list[str]]:
+    """Each ``torchrun`` command of the README, as its words."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        joined = block.replace("\\\n", " ")
-        for line in joined.splitlines():
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
             if line.strip().startswith("torchrun"):
-                words = [p for w in shlex.split(line) for p in w.split("=", 1)]
-                out.append({w: words[i + 1] for i, w in enumerate(words[:-1])
-                            if w.startswith("--")})
+                out.append(shlex.split(line.split("#")[0]))
     return out
 
 
-def test_readme_torchtitan_command_has_consistent_batch_sizes() -> None:
-    import transformers  # noqa: F401  (before the torchvision stub; see titan_cpu)
+def flags(words: list[str]) -> dict[str, str]:
+    words = [p for w in words for p in w.split("=", 1)]
+    return {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
 
-    from zephon_vl.testing.titan_cpu import stub_torchvision
 
-    stub_torchvision()
-    from zephon_vl.titan.config_registry import zephon_llama3_debug, zephon_qwen35_debug
+def load_config(name: str):
+    from zephon_vl.titan.check import load_titan_config
 
-    configs = {"zephon_qwen35_debug": zephon_qwen35_debug,
-               "zephon_llama3_debug": zephon_llama3_debug}
-    commands = [c for c in torchrun_commands() if c.get("--config") in configs]
-    assert commands, "the README shows no TorchTitan command"
-    for flags in commands:
-        config = configs[flags["--config"]]()
-        lanes = int(flags.get("--dataloader.num_lanes", config.dataloader.num_lanes))
-        g = int(flags.get("--dataloader.global_batch_size", config.dataloader.global_batch_size))
-        trainer_g = int(flags.get("--training.global_batch_size",
-                                  config.training.global_batch_size))
-        dp = int(flags["--nproc_per_node"])
+    return load_titan_config(name)
+
+
+def test_readme_torchtitan_commands_have_consistent_batch_sizes() -> None:
+    commands = torchrun_commands()
+    assert any(CPU_LAUNCHER in c for c in commands), "the README shows no CPU command"
+    for words in commands:
+        f = flags(words)
+        config = load_config(f["--config"])
+        lanes = int(f.get("--dataloader.num_lanes", config.dataloader.num_lanes))
+        g = int(f.get("--dataloader.global_batch_size", config.dataloader.global_batch_size))
+        trainer_g = int(f.get("--training.global_batch_size", config.training.global_batch_size))
+        dp = int(f["--nproc_per_node"])
         assert g % lanes == 0, f"global_batch_size={g} is not a multiple of num_lanes={lanes}"
         assert lanes % dp == 0, f"num_lanes={lanes} is not divisible by D={dp}"
         assert g == trainer_g, f"dataloader G={g} but training.global_batch_size={trainer_g}"
+
+
+def run(words: list[str], out: Path, timeout: float) -> tuple[dict[int, float], str]:
+    """`words` (a README torchrun command) with its output in `out`: (losses by step, log)."""
+    assert words[0] == "torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:],
+           "--dump_folder", str(out), "--dataloader.ledger", str(out / "ledger.jsonl"),
+           "--metrics.disable_color_printing"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    log = ANSI.sub("", done.stdout + done.stderr)
+    assert done.returncode == 0, f"{shlex.join(words)} failed:\n{log[-5000:]}"
+    return {int(s): float(v) for s, v in STEP_LINE.findall(log)}, log
+
+
+def with_flag(words: list[str], name: str, value: str) -> list[str]:
+    """`words` with flag `name` set to `value` where it stands, or appended."""
+    for i, w in enumerate(words):
+        if w.startswith(f"{name}="):
+            return [*words[:i], f"{name}={value}", *words[i + 1:]]
+        if w == name:
+            return [*words[:i], name, value, *words[i + 2:]]
+    return [*words, name, value]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("words", [c for c in torchrun_commands() if CPU_LAUNCHER in c],
+                         ids=lambda c: flags(c)["--config"])
+def test_readme_cpu_command_trains_checkpoints_and_resumes_at_d1(words, tmp_path) -> None:
+    f = flags(words)
+    steps, every = int(f["--training.steps"]), int(f["--checkpoint.interval"])
+    assert int(f["--nproc_per_node"]) == 2 and "--checkpoint.enable" in words
+    assert steps >= 5 and every < steps
+    losses, _ = run(words, tmp_path / "d2", timeout=1500)
+    assert sorted(losses) == list(range(1, steps + 1))
+    saved = tmp_path / "d2" / "checkpoint" / f"step-{every}"
+    assert saved.is_dir(), f"no checkpoint after step {every}"
+    shutil.copytree(saved, tmp_path / "d1" / "checkpoint" / f"step-{every}")
+    resume = with_flag(with_flag(words, "--nproc_per_node", "1"), "--checkpoint.load_step",
+                       str(every))
+    resumed, _ = run(resume, tmp_path / "d1", timeout=1500)
+    assert sorted(resumed) == list(range(every + 1, steps + 1))
+    same = compare_ledgers(read_ledger(tmp_path / "d2" / "ledger.jsonl"),
+                           read_ledger(tmp_path / "d1" / "ledger.jsonl"))
+    assert same.ok and same.common == list(range(every, steps)), same
+    for step in resumed:
+        assert resumed[step] == pytest.approx(losses[step], rel=LOSS_RTOL), step

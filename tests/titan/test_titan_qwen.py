@@ -13,7 +13,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 import transformers  # noqa: E402,F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
 
 from zephon_core import ConfigError  # noqa: E402
-from zephon_vl import ImageSettings, to_device
+from zephon_vl import ImageSettings, QwenVL, to_device
 from zephon_vl.families.qwen import mrope_positions, to_qwen3_5  # noqa: E402
 from zephon_vl.media.image import patchify  # noqa: E402
 from zephon_vl.testing.titan_cpu import stub_torchvision  # noqa: E402
@@ -137,12 +137,19 @@ def _synthetic():
 def test_video_modes():
     b = _synthetic()
     merged = to_qwen3_5(b, PAD, video_mode="merge")
-    assert merged["pixel_values"].shape == (2, 32, 1536) and "pixel_values_videos" not in merged
+    # the video of grid (2, 4, 4) is handed over as its two frames, one item each
+    assert merged["pixel_values"].shape == (3, 16, 1536) and "pixel_values_videos" not in merged
+    assert merged["grid_thw"].tolist() == [[1, 4, 4]] * 3
+    assert torch.equal(merged["pixel_values"].reshape(48, 1536), b["pixel_values"])
     assert not (merged["input"] == VID).any() and int((merged["input"] == IMG).sum()) == 12
     split = to_qwen3_5(b, PAD, video_mode="split")
     assert split["pixel_values"].shape == (1, 16, 1536)
-    assert split["pixel_values_videos"].shape == (1, 32, 1536)
-    assert split["grid_thw_videos"].tolist() == [[2, 4, 4]]
+    assert split["pixel_values_videos"].shape == (2, 16, 1536)
+    assert split["grid_thw_videos"].tolist() == [[1, 4, 4], [1, 4, 4]]
+    for inputs in (merged, split):
+        QwenVL().check_model_inputs(inputs, vocab_size=VID + 1)
+    with pytest.raises(ValueError, match=r"token ids span \[0, 10\] but the model's vocabulary"):
+        QwenVL().check_model_inputs(split, vocab_size=VID)
     assert torch.equal(split["input"], b["input"])
     mp = merged["mrope_positions"]
     assert mp[0, :2, 0].tolist() == [0, 1]

@@ -109,15 +109,30 @@ def test_video_layout_equals_torchtitans_collator(clip) -> None:
     for key in ("input", "positions"):
         assert torch.equal(ours[key][:, :n], theirs[key][:, :n]), key
     assert torch.equal(ours["mrope_positions"][:, :n], theirs["mrope_positions"][:, :n])
-    assert torch.equal(ours["grid_thw_videos"], theirs["grid_thw_videos"])
-    assert ours["grid_thw_videos"].tolist() == [[3, 16, 16]]
+    # TorchTitan's collator hands the video as one item of grid (3, 16, 16); zephon hands
+    # its three frames as items of one temporal patch each: the same patches, in order
+    assert theirs["grid_thw_videos"].tolist() == [[3, 16, 16]]
+    assert ours["grid_thw_videos"].tolist() == [[1, 16, 16]] * 3
     assert "pixel_values" not in ours and theirs["pixel_values"] is None
-    assert torch.allclose(ours["pixel_values_videos"], theirs["pixel_values_videos"], atol=1e-6)
+    assert torch.allclose(ours["pixel_values_videos"].reshape(1, 3 * 256, -1),
+                          theirs["pixel_values_videos"], atol=1e-6)
     # labels: zephon trains on the caption only (-100 on the frames), like TorchTitan
     assert torch.equal(ours["labels"][:, :n - 1], their_labels[:, :n - 1])
     # three frames: three vision runs, as the Qwen3.5 chat template lays a video out
     vs = QWEN3_5_SPECIAL_TOKENS["vision_start_token"]
     assert int((ours["input"] == titan_tokenizer().tokenizer.token_to_id(vs)).sum()) == 3
+
+
+def test_torchtitans_own_model_refuses_its_collators_video_and_accepts_zephons(clip) -> None:
+    """The reason for the frame items: the qwen3_5 forward wants one placeholder run per
+    item, and a Qwen3.5 video (as TorchTitan's collator positions it) is one run per frame."""
+    _, path, shards = clip
+    theirs, _ = titan_batch(path)
+    family = get_family("qwen3_5")
+    with pytest.raises(ValueError, match="found 3 contiguous run.*received 1 visual item"):
+        family.check_model_inputs({k: v for k, v in theirs.items() if v is not None})
+    for mode in ("split", "merge"):
+        family.check_model_inputs(zephon_batch(shards, mode))
 
 
 def test_merged_video_keeps_the_native_positions(clip) -> None:
@@ -126,6 +141,7 @@ def test_merged_video_keeps_the_native_positions(clip) -> None:
     split, merged = zephon_batch(shards, "split"), zephon_batch(shards, "merge")
     assert torch.equal(split["mrope_positions"], merged["mrope_positions"])
     assert torch.equal(merged["grid_thw"], split["grid_thw_videos"])
+    assert torch.equal(merged["pixel_values"], split["pixel_values_videos"])
 
 
 def test_qwen3_5_preset_min_pixels_is_torchtitans() -> None:

@@ -3,6 +3,7 @@
 from zephon_vl.cli import (  # noqa: F401
     balance,
     bench,
+    check_batches,
     demo,
     elastic,
     index,

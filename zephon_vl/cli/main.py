@@ -161,4 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m zephon_vl.cli.main`: the commands register into the imported module,
+    # not into this __main__ copy of it.
+    from zephon_vl.cli.main import main as imported_main
+
+    sys.exit(imported_main())

@@ -73,8 +73,28 @@ class ModelFamily(ABC):
         image settings the batch was made with); ``labels`` are not touched.
         """
 
+    def check_model_inputs(self, inputs: dict[str, Any], vocab_size: int | None = None) -> None:
+        """Raise ValueError when the model's ``forward`` would refuse `inputs` (or misuse them).
+
+        `inputs` is what :meth:`titan_inputs` returned. The checks are the
+        model's own forward-side ones, run without the model; `vocab_size`
+        (the model's embedding size) adds a range check of the token ids.
+        """
+        check_token_range(inputs["input"], vocab_size)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def check_token_range(tokens: Any, vocab_size: int | None) -> None:
+    """Every id of `tokens` is a row of an embedding table of `vocab_size` rows."""
+    if vocab_size is None or not tokens.numel():
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token ids span [{low}, {high}] but the model's vocabulary has "
+                         f"{vocab_size} ids; enlarge the model's vocab_size or use the "
+                         "tokenizer it was built for")
 
 
 class VisionFamily(ModelFamily):

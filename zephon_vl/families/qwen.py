@@ -169,6 +169,10 @@ class QwenVL(VisionFamily):
                         "the recipe normalizes with mean %s std %s", image.image_mean,
                         image.image_std)
 
+    def check_model_inputs(self, inputs: dict[str, Any], vocab_size: int | None = None) -> None:
+        super().check_model_inputs(inputs, vocab_size)
+        check_qwen3_5_inputs(inputs, QWEN3_5_PATCHES)
+
     def titan_inputs(self, batch: dict[str, Any], collate: Any,
                      options: TitanOptions) -> dict[str, Any]:
         return to_qwen3_5(batch, collate.special.pad, collate.image.merge_size,
@@ -205,6 +209,23 @@ def _item_kinds(tokens: torch.Tensor, grid_thw: torch.Tensor, merge: int,
         kinds.append(bool(flat[where[offset]] == video_id))
         offset += n
     return kinds
+
+
+def frame_items(grid_thw: torch.Tensor) -> torch.Tensor:
+    """Each item of grid ``(t, h, w)`` as ``t`` items of grid ``(1, h, w)``, in order.
+
+    TorchTitan's ``qwen3_5`` forward finds one placeholder run per item
+    (``get_vision_positions``), while a Qwen3.5 video is one run per temporal
+    patch; handing it the frames as items makes the two agree. The flat patch
+    rows need no change (an item's rows are ordered by temporal patch first),
+    and the vision encoder then attends within each frame, as transformers'
+    Qwen3.5 vision model does (``cu_seqlens`` per temporal patch).
+    """
+    import torch
+
+    frames = torch.repeat_interleave(grid_thw, grid_thw[:, 0], dim=0)
+    frames[:, 0] = 1
+    return frames
 
 
 def pad_items(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
@@ -306,18 +327,20 @@ def to_qwen3_5(batch: dict[str, Any], pad_id: int, merge: int = 2,
         if with_mrope:
             out["mrope_positions"] = mrope_positions(tokens, positions, grid, merge,
                                                      image_id, video_id)
-        padded = pad_items(batch["pixel_values"], grid, merge)
+        frames = frame_items(grid)
+        padded = pad_items(batch["pixel_values"], frames, merge)
         if video_mode == "merge":
             out["input"] = torch.where(tokens == video_id, image_id, tokens)
-            out["pixel_values"], out["grid_thw"] = padded, grid
+            out["pixel_values"], out["grid_thw"] = padded, frames
         elif video_mode == "split":
             kinds = torch.tensor(_item_kinds(tokens, grid, merge, image_id, video_id))
+            kinds = torch.repeat_interleave(kinds, grid[:, 0])
             if (~kinds).any():
-                out["pixel_values"] = _repad(padded[~kinds], grid[~kinds], merge)
-                out["grid_thw"] = grid[~kinds]
+                out["pixel_values"] = _repad(padded[~kinds], frames[~kinds], merge)
+                out["grid_thw"] = frames[~kinds]
             if kinds.any():
-                out["pixel_values_videos"] = _repad(padded[kinds], grid[kinds], merge)
-                out["grid_thw_videos"] = grid[kinds]
+                out["pixel_values_videos"] = _repad(padded[kinds], frames[kinds], merge)
+                out["grid_thw_videos"] = frames[kinds]
         else:
             raise ValueError(f"video_mode must be 'merge' or 'split', got {video_mode!r}")
     out["special_tokens"] = special
@@ -328,3 +351,61 @@ def _repad(padded: torch.Tensor, grid: torch.Tensor, merge: int) -> torch.Tensor
     unit = merge * merge
     longest = -(-int(grid.prod(-1).max()) // unit) * unit
     return padded[:, :longest].contiguous()
+
+
+def check_qwen3_5_inputs(inputs: dict[str, Any], patches: dict[str, int]) -> None:
+    """What ``Qwen35Model.forward`` asserts about its inputs, run without the model.
+
+    Per modality it locates the placeholder runs with TorchTitan's own
+    ``get_vision_positions`` (one run per item, of ``prod(grid) / merge**2``
+    tokens) and scatters into them with ``scatter_vision_embeds``, as
+    ``_prepare_multimodal_embeds`` does; it checks the padded pixel layout the
+    vision encoder reads and the MRoPE shape, and refuses placeholders that
+    no pixels would replace (the model would train on their embeddings).
+    """
+    import torch
+    from torchtitan.models.common.multimodal import get_vision_positions, scatter_vision_embeds
+
+    tokens = inputs["input"]
+    rows, seq = tokens.shape
+    if inputs["positions"].shape != tokens.shape:
+        raise ValueError(f"positions {tuple(inputs['positions'].shape)} != input "
+                         f"{tuple(tokens.shape)}")
+    special = inputs.get("special_tokens") or {}
+    missing = {"image_id", "video_id", "vision_start_id", "vision_end_id", "pad_id"} - set(special)
+    if missing:
+        raise ValueError(f"special_tokens lacks {sorted(missing)}")
+    merge = patches["merge_size"]
+    unit = merge * merge
+    width = 3 * patches["temporal_patch_size"] * patches["patch_size"] ** 2
+    for pixels_key, grid_key, id_key in (("pixel_values", "grid_thw", "image_id"),
+                                         ("pixel_values_videos", "grid_thw_videos", "video_id")):
+        placeholder = special[id_key]
+        pixels, grid = inputs.get(pixels_key), inputs.get(grid_key)
+        if pixels is None or grid is None:
+            if pixels is not None or grid is not None:
+                raise ValueError(f"{pixels_key} and {grid_key} come together")
+            if bool((tokens == placeholder).any()):
+                raise ValueError(f"{int((tokens == placeholder).sum())} placeholders "
+                                 f"{placeholder} ({id_key}) but no {pixels_key}: the model "
+                                 "would keep their text embeddings")
+            continue
+        sizes = grid.prod(-1)
+        if pixels.dim() != 3 or pixels.shape[0] != grid.shape[0] or pixels.shape[2] != width:
+            raise ValueError(f"{pixels_key} {tuple(pixels.shape)}: the vision encoder takes "
+                             f"[items={grid.shape[0]}, patches, {width}]")
+        if int(sizes.max()) > pixels.shape[1] or pixels.shape[1] % unit:
+            raise ValueError(f"{pixels_key} pads items to {pixels.shape[1]} patches; the "
+                             f"largest item has {int(sizes.max())} and the padding must be "
+                             f"a multiple of {unit}")
+        if bool((grid[:, 1:] % merge).any()):
+            raise ValueError(f"{grid_key} {grid.tolist()}: heights and widths must be "
+                             f"multiples of the merge size {merge}")
+        per_item = sizes // unit
+        found = get_vision_positions(tokens, per_item, placeholder)
+        embeds = torch.zeros(grid.shape[0], pixels.shape[1] // unit, 1)
+        scatter_vision_embeds(torch.zeros(rows, seq, 1), vision_embeds=embeds,
+                              vision_positions=found)
+    mrope = inputs.get("mrope_positions")
+    if mrope is not None and tuple(mrope.shape) != (rows, seq, 3):
+        raise ValueError(f"mrope_positions {tuple(mrope.shape)} != {(rows, seq, 3)}")

@@ -1,0 +1,109 @@
+"""zephon batches checked where they are consumed: the TorchTitan model's own input checks.
+
+The first test is the reproduction of the qwen3_5 crash (a video laid out as
+one placeholder run per temporal patch, handed over as one item): TorchTitan's
+``get_vision_positions`` refused it in step 3 of the debug config. The others
+walk whole passes of the demo recipes at several rank counts through the
+TorchTitan conversion and ``check_model_inputs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
+
+from zephon_vl.cli.main import main  # noqa: E402
+from zephon_vl.titan.check import (  # noqa: E402
+    BatchRefused,
+    check_titan_batches,
+    load_titan_config,
+)
+
+QWEN = "zephon_qwen35_debug"
+
+
+@pytest.fixture(scope="module")
+def qwen_config():
+    return load_titan_config(QWEN)
+
+
+@pytest.mark.parametrize("video_mode", ["merge", "split"])
+def test_first_steps_with_a_video_pass_torchtitans_own_check(qwen_config, video_mode):
+    """vlm-demo, L=8, G=8, D=2, local batch 1, as the Trainer builds it: every micro-batch
+    of the first 3 steps (rank 1, step 2 holds a video of grid (3, 16, 20))."""
+    from torchtitan.models.common.multimodal import get_vision_positions
+
+    cfg = qwen_config.dataloader
+    assert (cfg.recipe, cfg.num_lanes, cfg.global_batch_size) == ("vlm-demo", 8, 8)
+    cfg = dataclasses.replace(cfg, video_mode=video_mode, runner="inline")
+    videos = 0
+    for rank in range(2):
+        loader = cfg.build(dp_world_size=2, dp_rank=rank, tokenizer=None,
+                           seq_len=qwen_config.training.seq_len, local_batch_size=1)
+        try:
+            for _, (x, _) in zip(range(3 * loader.microbatches), loader, strict=False):
+                for grid, kind in (("grid_thw", "image_id"), ("grid_thw_videos", "video_id")):
+                    if x.get(grid) is None:
+                        continue
+                    per_item = x[grid].prod(-1) // 4
+                    get_vision_positions(x["input"], per_item, x["special_tokens"][kind])
+                videos += int(x.get("grid_thw_videos") is not None)
+        finally:
+            loader.close()
+    # split: the micro-batch with the video was reached (merge walks the same batches)
+    assert videos == (1 if video_mode == "split" else 0)
+
+
+def test_refused_batch_names_rank_step_and_samples(qwen_config, monkeypatch):
+    """The old conversion (one item per video) is refused, naming where."""
+    import zephon_vl.families.qwen as qwen
+
+    monkeypatch.setattr(qwen, "frame_items", lambda grid: grid)
+    with pytest.raises(BatchRefused, match=r"rank 1 of 2, step 2, micro-batch 2 \(samples: "
+                       r"dataset 0 shard \d+ index \d+.*Multimodal misalignment"):
+        check_titan_batches(qwen_config, 2, steps=3, runner="inline")
+
+
+def test_check_batches_command(capsys, tmp_path):
+    out = tmp_path / "check.json"
+    assert main(["check-batches", "--config", QWEN, "--dp", "2", "--steps", "2",
+                 "--json", str(out)]) == 0
+    assert "D=2: vlm-demo as qwen3_5: 2 steps, 16 micro-batches" in capsys.readouterr().out
+    assert out.exists()
+
+
+def test_unknown_config_is_a_clear_error(capsys):
+    assert main(["check-batches", "--config", "zephon_nope"]) == 2
+    assert "has no config 'zephon_nope'; known: zephon_" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["vlm-demo", "vlm-mix-demo"])
+@pytest.mark.parametrize("dp", [1, 2, 8])
+def test_a_full_pass_passes_the_model_checks(qwen_config, recipe, dp):
+    """One whole pass (epochs=1) at D ranks, one micro-batch of G/D rows per rank and step,
+    so each D cuts the global batch into other micro-batches."""
+    G = qwen_config.dataloader.global_batch_size
+    report = check_titan_batches(qwen_config, dp, None, G // dp, recipe=recipe)
+    # a finite pass ends per rank, at the first step its own lanes cannot fill
+    assert report.steps > 50 and report.rows == sum(report.steps_per_rank) * (G // dp)
+    assert report.micro_batches_without_vision == 0  # guarantee 10 (image_every_row)
+    assert report.vision_items > report.rows
+
+
+@pytest.mark.slow
+def test_a_full_pass_in_split_mode(qwen_config):
+    report = check_titan_batches(qwen_config, 2, None, video_mode="split")
+    assert report.steps > 50
+
+
+def test_video_frames_are_items_of_one_temporal_patch():
+    from zephon_vl.families.qwen import frame_items
+
+    grid = torch.tensor([[1, 4, 6], [3, 2, 2], [1, 2, 4]])
+    assert frame_items(grid).tolist() == [[1, 4, 6], [1, 2, 2], [1, 2, 2], [1, 2, 2], [1, 2, 4]]
+    assert grid.tolist() == [[1, 4, 6], [3, 2, 2], [1, 2, 4]]
