@@ -1,4 +1,4 @@
-"""Video clips -> Qwen2-VL temporal patch rows, decoded with PyAV from memory.
+"""Video clips -> Qwen2-VL temporal patch rows, decoded with PyAV.
 
 Frames are picked by :func:`sample_frame_indices`, a pure function of the
 frame count, the native frame rate and the settings, so the same bytes give
@@ -6,14 +6,25 @@ the same rows on every rank and every run. Every frame is resized (one PIL
 bicubic call) to the single smart_resize target of the first frame, and
 consecutive groups of ``temporal_patch_size`` frames form one temporal patch,
 in transformers' Qwen2-VL video element order (see ``image.patchify``).
+
+How the kept frames are reached is `VideoSettings.decode`: ``"sequential"``
+decodes every frame up to the last kept one; ``"seek"`` jumps to the keyframe
+before each kept frame and decodes forward from there; ``"auto"`` (default)
+picks one from the container's packet index (a demux pass: presentation
+times and keyframe flags, no decoding), never from timing. Both give the
+same frames with the same pixels (the seek path checks every decoded frame's
+timestamp against the index and falls back to sequential on any surprise), so
+the strategy is not part of the fingerprint. See docs/video.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -28,7 +39,15 @@ from zephon_vl.media.image import (
     warn_if_not_simd,
 )
 
-__all__ = ["VideoSettings", "process_video", "sample_frame_indices"]
+__all__ = ["VIDEO_DECODE", "VideoSettings", "decode_frames", "decode_plan", "process_video",
+           "sample_frame_indices"]
+
+#: How `process_video` reaches the kept frames (`VideoSettings.decode`).
+VIDEO_DECODE = ("auto", "seek", "sequential")
+#: In a decode plan, one seek costs about as much as decoding this many frames.
+SEEK_COST_FRAMES = 4
+#: "auto" seeks when the plan decodes at most this share of the frames sequential would.
+SEEK_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,14 @@ class VideoSettings:
     min_frames: int = 2
     #: Per-frame pixel budget; None uses the image settings' max_pixels.
     max_pixels_per_frame: int | None = None
+    #: "auto", "seek" or "sequential" (`VIDEO_DECODE`): how kept frames are reached.
+    #: Never changes which frames are kept or their pixels: not in the fingerprint.
+    decode: str = "auto"
+    #: FFmpeg decoder threads per worker process. Workers already fill the rank's
+    #: cores (`Execution` gives each rank cores // local ranks), so 1 keeps the
+    #: pool within its budget; more (frame threading) helps when workers < cores.
+    #: Pixels are bit-identical at any count (tested); not in the fingerprint.
+    decoder_threads: int = 1
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
@@ -53,10 +80,21 @@ class VideoSettings:
             )
         if self.max_pixels_per_frame is not None and self.max_pixels_per_frame < 1:
             raise ConfigError("VideoSettings.max_pixels_per_frame must be >= 1")
+        if self.decode not in VIDEO_DECODE:
+            raise ConfigError(f"VideoSettings.decode must be one of {VIDEO_DECODE}, "
+                              f"got {self.decode!r}")
+        if self.decoder_threads < 1:
+            raise ConfigError("VideoSettings.decoder_threads must be >= 1, got "
+                              f"{self.decoder_threads}")
 
     def settings_dict(self) -> dict:
-        """JSON-able view of every field, for checkpoint fingerprints."""
-        return asdict(self)
+        """JSON-able view of the fields that decide the rows, for checkpoint fingerprints.
+
+        `decode` and `decoder_threads` change speed only, so they are left out.
+        """
+        d = asdict(self)
+        del d["decode"], d["decoder_threads"]
+        return d
 
 
 def sample_frame_indices(
@@ -90,13 +128,136 @@ def sample_frame_indices(
     return indices
 
 
+
+Source = bytes | BinaryIO
+
+
 def _native_fps(stream: av.video.stream.VideoStream) -> float | None:
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     return float(rate) if rate else None
 
 
-def _decode(
-    data: bytes,
+def _open(source: Source) -> av.container.InputContainer:
+    if isinstance(source, bytes | bytearray | memoryview):
+        return av.open(io.BytesIO(source), mode="r")
+    source.seek(0)
+    return av.open(source, mode="r")
+
+
+def _threads(stream: av.video.stream.VideoStream, settings: VideoSettings) -> None:
+    ctx = stream.codec_context
+    ctx.thread_count = settings.decoder_threads
+    ctx.thread_type = "AUTO" if settings.decoder_threads > 1 else "SLICE"
+
+
+class _Surprise(Exception):
+    """The seek path met something its index did not predict: decode sequentially."""
+
+
+@dataclass(frozen=True)
+class _Index:
+    """A clip's video packets, from a demux pass (no decoding).
+
+    Frame `k` (the k-th frame the decoder puts out, in presentation order) is
+    the packet with the k-th smallest pts: ``pts[k]``, fed to the decoder as
+    packet number ``pos[k]`` (decode order). ``keys`` are the decode positions
+    of keyframes and ``key_pts`` their pts.
+    """
+
+    pts: list[int]
+    pos: list[int]
+    keys: list[int]
+    key_pts: list[int]
+    fps: float | None
+
+
+def _read_index(source: Source) -> _Index | None:
+    """The packet index, or None where frame k cannot be told from it for sure
+    (a packet without pts, repeated pts, packets the decoder discards (edit
+    lists), or a count unlike the header's): such clips are decoded sequentially."""
+    try:
+        with _open(source) as container:
+            if not container.streams.video:
+                return None
+            stream = container.streams.video[0]
+            header = stream.frames
+            fps = _native_fps(stream)
+            pts: list[tuple[int, int]] = []
+            keys: list[int] = []
+            key_pts: list[int] = []
+            for packet in container.demux(stream):
+                if packet.size == 0:
+                    continue
+                if packet.pts is None or packet.is_discard or packet.is_corrupt:
+                    return None
+                if packet.is_keyframe:
+                    keys.append(len(pts))
+                    key_pts.append(packet.pts)
+                pts.append((packet.pts, len(pts)))
+    except Exception:  # noqa: BLE001 - the sequential path reports what is wrong
+        return None
+    if not pts or len(pts) != header or not keys or keys[0] != 0:
+        return None
+    pts.sort()
+    if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
+        return None
+    return _Index([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps)
+
+
+def _key_for(index: _Index, k: int) -> int | None:
+    """Decode position of the keyframe to start from for frame k: the last one
+    before it in decode order that it does not display before (a frame shown
+    before its keyframe, an open GOP's leading frame, needs the one before)."""
+    j = bisect.bisect_right(index.keys, index.pos[k]) - 1
+    while j >= 0 and index.key_pts[j] > index.pts[k]:
+        j -= 1
+    return index.keys[j] if j >= 0 else None
+
+
+def decode_plan(index: _Index, wanted: list[int]) -> tuple[list[tuple[int, list[int]]], int, int]:
+    """Segments ``(keyframe decode position, frames)`` for the seek path, and the
+    frames it and sequential decoding would feed the decoder.
+
+    Frames are taken in presentation order; a frame joins the current segment
+    when decoding on from there is no dearer than a seek to its own keyframe
+    (`SEEK_COST_FRAMES` per seek). A pure function of the index; the first
+    segment starts at packet 0 (frame 0 is always kept and is the first keyframe).
+    """
+    frames = sorted(set(wanted))
+    segments: list[tuple[int, list[int]]] = []
+    cost = 0
+    fed = -1  # the last decode position fed so far
+    for k in frames:
+        key = _key_for(index, k)
+        if key is None:
+            raise _Surprise(f"frame {k} has no keyframe before it")
+        need = index.pos[k]
+        onward = max(0, need - fed)
+        jump = need - key + 1 + SEEK_COST_FRAMES
+        if segments and onward <= jump:
+            segments[-1][1].append(k)
+            cost += onward
+        else:
+            segments.append((key, [k]))
+            cost += jump
+        fed = max(fed, need)
+    sequential = max(index.pos[k] for k in frames) + 1
+    return segments, cost, sequential
+
+
+def _first_frame(frame: av.VideoFrame, n_out: int, image_settings: ImageSettings,
+                 video_settings: VideoSettings, where: str) -> tuple[int, int, np.ndarray]:
+    """One target for the whole clip, from its first frame."""
+    w, h = frame.width, frame.height
+    if w * h > image_settings.max_image_pixels:
+        raise BadSampleError("decompression_bomb", where, f"frames are {w}x{h}")
+    budget = video_settings.max_pixels_per_frame
+    th, tw = target_size(h, w, image_settings, where, max_pixels=budget)
+    return th, tw, np.empty((n_out, th, tw, 3), dtype=np.uint8)
+
+
+def _decode_sequential(
+    source: Source,
     num_frames: int | None,
     image_settings: ImageSettings,
     video_settings: VideoSettings,
@@ -110,10 +271,11 @@ def _decode(
     over-counted and `seen` is the true count.
     """
     tp = image_settings.temporal_patch_size
-    with av.open(io.BytesIO(data), mode="r") as container:
+    with _open(source) as container:
         if not container.streams.video:
             raise BadSampleError("corrupt_video", where, "no video stream")
         stream = container.streams.video[0]
+        _threads(stream, video_settings)
         n = stream.frames if num_frames is None else num_frames
         if n <= 0:
             return sum(1 for _ in container.decode(stream)), [], None
@@ -125,13 +287,9 @@ def _decode(
         th = tw = seen = 0
         for k, frame in enumerate(container.decode(stream)):
             seen = k + 1
-            if k == 0:  # one target for the whole clip, from the first frame
-                w, h = frame.width, frame.height
-                if w * h > image_settings.max_image_pixels:
-                    raise BadSampleError("decompression_bomb", where, f"frames are {w}x{h}")
-                budget = video_settings.max_pixels_per_frame
-                th, tw = target_size(h, w, image_settings, where, max_pixels=budget)
-                out = np.empty((len(indices), th, tw, 3), dtype=np.uint8)
+            if k == 0:
+                th, tw, out = _first_frame(frame, len(indices), image_settings,
+                                           video_settings, where)
             if k in slots:
                 arr = resize_rgb(frame.to_image(), th, tw, image_settings)
                 for slot in slots[k]:
@@ -141,26 +299,141 @@ def _decode(
         return seen, indices, out
 
 
-def process_video(
-    data: bytes,
+def _seek_plan(index: _Index | None, image_settings: ImageSettings,
+               video_settings: VideoSettings) -> tuple[list[int], list, _Index] | str:
+    """The kept indices and the seek plan, or why sequential decoding is the
+    choice (no usable index, or "auto" and the plan saves too little).
+    Depends only on the bytes and the settings."""
+    if index is None:
+        return "no usable packet index"
+    indices = sample_frame_indices(len(index.pts), index.fps, video_settings,
+                                   image_settings.temporal_patch_size)
+    try:
+        segments, cost, sequential = decode_plan(index, indices)
+    except _Surprise as e:
+        return str(e)
+    if video_settings.decode == "auto" and cost > SEEK_SHARE * sequential:
+        return f"dense: the plan feeds {cost} packets, sequential {sequential}"
+    return indices, segments, index
+
+
+def _decode_seek(source: Source, indices: list[int], segments: list, index: _Index,
+                 image_settings: ImageSettings, video_settings: VideoSettings,
+                 where: str) -> np.ndarray:
+    """Decode each segment from its keyframe; raises _Surprise where a decoded
+    frame is not the one the index predicts (then the caller decodes sequentially)."""
+    slots: dict[int, list[int]] = {}
+    for slot, idx in enumerate(indices):
+        slots.setdefault(idx, []).append(slot)
+    where_pts = {p: k for k, p in enumerate(index.pts)}
+    out: np.ndarray | None = None
+    th = tw = 0
+    with _open(source) as container:
+        stream = container.streams.video[0]
+        _threads(stream, video_settings)
+        for key, frames in segments:
+            key_pts = index.key_pts[index.keys.index(key)]
+            if key != 0:
+                container.seek(key_pts, backward=True, any_frame=False, stream=stream)
+            expect = where_pts[key_pts]
+            last = frames[-1]
+            first_packet = True
+            done = False
+            for packet in container.demux(stream):
+                if first_packet and packet.size:
+                    if packet.pts != key_pts or not packet.is_keyframe:
+                        raise _Surprise(f"seek landed on pts {packet.pts}, not {key_pts}")
+                    first_packet = False
+                for frame in packet.decode():
+                    if frame.pts is None:
+                        raise _Surprise("a frame without pts")
+                    if frame.pts < key_pts:  # before the keyframe: stale or a leading frame
+                        continue
+                    k = where_pts.get(frame.pts)
+                    if k != expect:
+                        raise _Surprise(f"decoded pts {frame.pts}, expected frame {expect}")
+                    expect += 1
+                    if k == 0:
+                        th, tw, out = _first_frame(frame, len(indices), image_settings,
+                                                   video_settings, where)
+                    if k in slots:
+                        if out is None:
+                            raise _Surprise("a kept frame before the first frame")
+                        arr = resize_rgb(frame.to_image(), th, tw, image_settings)
+                        for slot in slots[k]:
+                            out[slot] = arr
+                    if k == last:
+                        done = True
+                        break
+                if done:
+                    break
+            if not done:
+                raise _Surprise(f"the clip ended before frame {last}")
+    if out is None:
+        raise _Surprise("the first frame was not decoded")
+    return out
+
+
+def _decode_today(source: Source, image_settings: ImageSettings,
+                  video_settings: VideoSettings, where: str) -> np.ndarray:
+    """Sequential decoding, recounting the frames when the header's count is wrong."""
+    seen, indices, frames = _decode_sequential(source, None, image_settings, video_settings,
+                                               where)
+    if frames is None or seen <= indices[-1]:  # no or wrong count in the header
+        if seen == 0:
+            raise BadSampleError("corrupt_video", where, "no decodable frames")
+        seen, indices, frames = _decode_sequential(source, seen, image_settings,
+                                                   video_settings, where)
+        if frames is None or seen <= indices[-1]:
+            raise BadSampleError("corrupt_video", where, "frame count changed between passes")
+    return frames
+
+
+def decode_frames(
+    data: Source,
     image_settings: ImageSettings,
     video_settings: VideoSettings,
     where: str = "?",
-) -> VisionPatches:
-    """Encoded video bytes -> temporal patch rows; bad input raises BadSampleError."""
-    warn_if_not_simd()
-    if not data:
+) -> tuple[np.ndarray, str]:
+    """The kept frames (uint8 ``[T, H, W, 3]``, resized) and how they were reached:
+    ``"seek"``, ``"sequential"``, or ``"sequential: <why not seek>"``.
+
+    Bad input raises BadSampleError. The frames do not depend on
+    `video_settings.decode` or `decoder_threads` (see the module docstring).
+    """
+    if isinstance(data, bytes | bytearray | memoryview) and not data:
         raise BadSampleError("corrupt_video", where, "empty input")
+    how = "sequential"
+    if video_settings.decode != "sequential":
+        try:
+            plan = _seek_plan(_read_index(data), image_settings, video_settings)
+            if isinstance(plan, str):
+                how = f"sequential: {plan}"
+            else:
+                frames = _decode_seek(data, *plan, image_settings, video_settings, where)
+                return frames, "seek"
+        except (BadSampleError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - _Surprise or a seek failure: decode as before
+            how = f"sequential: {type(e).__name__}: {e}"
     try:
-        seen, indices, frames = _decode(data, None, image_settings, video_settings, where)
-        if frames is None or seen <= indices[-1]:  # no or wrong count in the header
-            if seen == 0:
-                raise BadSampleError("corrupt_video", where, "no decodable frames")
-            seen, indices, frames = _decode(data, seen, image_settings, video_settings, where)
-            if frames is None or seen <= indices[-1]:
-                raise BadSampleError("corrupt_video", where, "frame count changed between passes")
+        return _decode_today(data, image_settings, video_settings, where), how
     except (BadSampleError, MemoryError):
         raise
     except Exception as e:  # PyAV / FFmpeg / PIL failures on bad bytes
         raise BadSampleError("corrupt_video", where, f"{type(e).__name__}: {e}") from None
+
+
+def process_video(
+    data: Source,
+    image_settings: ImageSettings,
+    video_settings: VideoSettings,
+    where: str = "?",
+) -> VisionPatches:
+    """Encoded video (bytes, or a seekable binary file object) -> temporal patch rows.
+
+    Bad input raises BadSampleError; see `decode_frames`.
+    """
+    warn_if_not_simd()
+    frames, _ = decode_frames(data, image_settings, video_settings, where)
     return finish_patches(frames, image_settings)
