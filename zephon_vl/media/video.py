@@ -47,7 +47,7 @@ VIDEO_DECODE = ("auto", "seek", "sequential")
 #: In a decode plan, one seek costs about as much as decoding this many frames.
 SEEK_COST_FRAMES = 4
 #: "auto" seeks when the plan decodes at most this share of the frames sequential would.
-SEEK_SHARE = 0.5
+SEEK_SHARE = 0.8
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,179 @@
+"""Issue 25 item 1: seek-based video decoding keeps today's frames, pixel for pixel.
+
+Every strategy (`VideoSettings.decode`) and decoder thread count must give
+the frames of a plain sequential decode, written out here independently of
+`zephon_vl.media.video`: decode every frame in order, keep those that
+`sample_frame_indices` names (from the header's frame count), resize each to
+the first frame's target. Clips of many lengths, GOPs, B-frame depths,
+variable frame rate and rotation metadata are made with PyAV.
+"""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zephon_core import BadSampleError, ConfigError
+from zephon_vl import ImageSettings, VideoSettings, process_video
+from zephon_vl.media.image import resize_rgb, target_size
+from zephon_vl.media.video import decode_frames, sample_frame_indices
+from zephon_vl.testing.video import encode_test_video
+
+IMAGE = ImageSettings()
+
+
+def clip(n: int, *, seed: int = 0, h: int = 48, w: int = 64, fps: int = 30, **kw) -> bytes:
+    """n frames that all differ (noise rolled sideways, a frame-number bar)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    frames = []
+    for i in range(n):
+        f = np.roll(base, 3 * i, axis=1)
+        f[: h // 4, : (i % w) + 1] = 255
+        frames.append(f)
+    return encode_test_video(frames, fps, crf=18, **kw)
+
+
+def reference_frames(data: bytes, vs: VideoSettings) -> np.ndarray:
+    """Today's sequential decode, restated (headers with a true frame count)."""
+    with av.open(io.BytesIO(data)) as c:
+        stream = c.streams.video[0]
+        n = stream.frames
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        indices = sample_frame_indices(n, float(rate) if rate else None, vs,
+                                       IMAGE.temporal_patch_size)
+        wanted = set(indices)
+        got: dict[int, np.ndarray] = {}
+        th = tw = 0
+        for k, frame in enumerate(c.decode(stream)):
+            if k == 0:
+                th, tw = target_size(frame.height, frame.width, IMAGE, "ref",
+                                     max_pixels=vs.max_pixels_per_frame)
+            if k in wanted:
+                got[k] = resize_rgb(frame.to_image(), th, tw, IMAGE)
+            if k == indices[-1]:
+                break
+    return np.stack([got[k] for k in indices])
+
+
+def vfr(n: int) -> list[int]:
+    """Irregular presentation times: gaps of 20-70 ms."""
+    return list(np.cumsum([0] + [20 + (17 * i) % 51 for i in range(n - 1)]))
+
+
+CLIPS = {
+    "1 frame": dict(n=1),
+    "2 frames": dict(n=2),
+    "7 frames gop 3": dict(n=7, gop=3),
+    "61 x264 defaults": dict(n=61),
+    "90 all keyframes": dict(n=90, gop=1),
+    "150 gop 30 no B": dict(n=150, gop=30, bframes=0),
+    "150 gop 30 B3": dict(n=150, gop=30, bframes=3),
+    "240 gop 60 B2": dict(n=240, gop=60, bframes=2),
+    "200 gop 7 B2": dict(n=200, gop=7, bframes=2),
+    "180 gop 20 vfr": dict(n=180, gop=20, pts_ms=vfr(180)),
+    "180 gop 20 B2 vfr": dict(n=180, gop=20, bframes=2, pts_ms=vfr(180)),
+    "120 gop 10 rotated 90": dict(n=120, gop=10, rotation=90),
+    "120 gop 12 rotated -90 B1": dict(n=120, gop=12, bframes=1, rotation=-90),
+    "150 gop 25 faststart": dict(n=150, gop=25, faststart=True),
+}
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, bytes]:
+    out = {}
+    for i, (name, spec) in enumerate(CLIPS.items()):
+        spec = dict(spec)
+        out[name] = clip(spec.pop("n"), seed=i, **spec)
+    return out
+
+
+SETTINGS = [VideoSettings(), VideoSettings(max_frames=4), VideoSettings(fps=0.5, max_frames=64),
+            VideoSettings(fps=30.0, max_frames=64)]
+
+
+@pytest.mark.parametrize("name", list(CLIPS))
+def test_every_strategy_keeps_todays_frames(clips, name):
+    data = clips[name]
+    for vs in SETTINGS:
+        want = reference_frames(data, vs)
+        for decode in ("sequential", "seek", "auto"):
+            got, how = decode_frames(data, IMAGE, VideoSettings(**{**vs.__dict__,
+                                                                   "decode": decode}))
+            assert np.array_equal(got, want), (name, vs, decode, how)
+            if decode == "seek":  # the seek path really ran: no fallback on these clips
+                assert how == "seek", (name, vs, how)
+            if decode == "sequential":
+                assert how == "sequential"
+
+
+def test_decoder_threads_do_not_change_pixels(clips):
+    data = clips["240 gop 60 B2"]
+    vs = VideoSettings(fps=30.0, max_frames=64)
+    want = reference_frames(data, vs)
+    for threads in (1, 2, 4):
+        for decode in ("sequential", "seek"):
+            got, _ = decode_frames(data, IMAGE, VideoSettings(fps=30.0, max_frames=64,
+                                                              decode=decode,
+                                                              decoder_threads=threads))
+            assert np.array_equal(got, want), (threads, decode)
+
+
+def test_auto_is_a_function_of_the_index_and_settings(clips):
+    long = clip(900, gop=60, seed=5)  # 30 s at 30 fps, 16 frames of 900: sparse
+    hows = {decode_frames(long, IMAGE, VideoSettings())[1] for _ in range(3)}
+    assert hows == {"seek"}
+    dense = decode_frames(clips["90 all keyframes"], IMAGE, VideoSettings(fps=30.0,
+                                                                          max_frames=64))[1]
+    assert dense.startswith("sequential: dense"), dense
+
+
+def test_a_file_object_reads_like_bytes(clips):
+    data = clips["150 gop 25 faststart"]
+    vs = VideoSettings(max_frames=6)
+    a = process_video(data, IMAGE, vs)
+    b = process_video(io.BytesIO(data), IMAGE, vs)
+    assert np.array_equal(a.pixel_values, b.pixel_values)
+    assert np.array_equal(a.grid_thw, b.grid_thw)
+
+
+def test_damaged_clips_are_refused_by_every_strategy(clips):
+    data = clips["240 gop 60 B2"]
+    for bad in (data[: len(data) // 3], b"\x00" * 500, data[:40]):
+        errors = set()
+        for decode in ("sequential", "seek", "auto"):
+            with pytest.raises(BadSampleError) as info:
+                process_video(bad, IMAGE, VideoSettings(decode=decode), "s.mp4")
+            errors.add(str(info.value))
+        assert len(errors) == 1, errors
+
+
+def test_decode_settings_are_checked_and_stay_out_of_the_fingerprint():
+    with pytest.raises(ConfigError, match="decode"):
+        VideoSettings(decode="fast")
+    with pytest.raises(ConfigError, match="decoder_threads"):
+        VideoSettings(decoder_threads=0)
+    base = VideoSettings().settings_dict()
+    assert VideoSettings(decode="seek", decoder_threads=4).settings_dict() == base
+    assert "decode" not in base and "decoder_threads" not in base
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 160), gop=st.integers(1, 40), bframes=st.integers(0, 3),
+       max_frames=st.integers(1, 20), fps=st.sampled_from([0.5, 2.0, 7.0]),
+       seed=st.integers(0, 3))
+def test_seek_equals_sequential_property(n, gop, bframes, max_frames, fps, seed):
+    data = clip(n, gop=gop, bframes=bframes, seed=seed, h=32, w=48)
+    vs = VideoSettings(fps=fps, max_frames=max_frames, min_frames=1)
+    want = reference_frames(data, vs)
+    got, how = decode_frames(data, IMAGE, VideoSettings(fps=fps, max_frames=max_frames,
+                                                        min_frames=1, decode="seek"))
+    assert how == "seek", how
+    assert np.array_equal(got, want)
+    auto, _ = decode_frames(data, IMAGE, vs)
+    assert np.array_equal(auto, want)
