@@ -61,6 +61,40 @@ def reference_frames(data: bytes, vs: VideoSettings) -> np.ndarray:
     return np.stack([got[k] for k in indices])
 
 
+def two_tracks(data: bytes) -> bytes:
+    """The clip's packets in an MP4 with two video tracks (copies): its sample table is
+    not read (which track FFmpeg calls video 0 is FFmpeg's to say), so the seek path
+    indexes it with a demux pass."""
+    out = io.BytesIO()
+    with av.open(io.BytesIO(data)) as src, av.open(out, mode="w", format="mp4") as dst:
+        ins = src.streams.video[0]
+        outs = [dst.add_stream_from_template(ins) for _ in range(2)]
+        for packet in src.demux(ins):
+            if packet.size:
+                for o in outs:
+                    packet.stream = o
+                    dst.mux(packet)
+    return out.getvalue()
+
+
+class CountingFile(io.BytesIO):
+    """A file object that counts the bytes read from it (a remote range reader's cost)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.bytes_read = 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        out = super().read(n)
+        self.bytes_read += len(out)
+        return out
+
+    def readinto(self, b) -> int:
+        n = super().readinto(b)
+        self.bytes_read += n
+        return n
+
+
 def vfr(n: int) -> list[int]:
     """Irregular presentation times: gaps of 20-70 ms."""
     return list(np.cumsum([0] + [20 + (17 * i) % 51 for i in range(n - 1)]))
@@ -107,7 +141,7 @@ def test_every_strategy_keeps_todays_frames(clips, name):
                                                                    "decode": decode}))
             assert np.array_equal(got, want), (name, vs, decode, how)
             if decode == "seek":  # the seek path really ran: no fallback on these clips
-                assert how == "seek", (name, vs, how)
+                assert how == "seek (mp4 index)", (name, vs, how)
             if decode == "sequential":
                 assert how == "sequential"
 
@@ -127,7 +161,7 @@ def test_decoder_threads_do_not_change_pixels(clips):
 def test_auto_is_a_function_of_the_index_and_settings(clips):
     long = clip(900, gop=60, seed=5)  # 30 s at 30 fps, 16 frames of 900: sparse
     hows = {decode_frames(long, IMAGE, VideoSettings())[1] for _ in range(3)}
-    assert hows == {"seek"}
+    assert hows == {"seek (mp4 index)"}
     dense = decode_frames(clips["90 all keyframes"], IMAGE, VideoSettings(fps=30.0,
                                                                           max_frames=64))[1]
     assert dense.startswith("sequential: dense"), dense
@@ -140,6 +174,41 @@ def test_a_file_object_reads_like_bytes(clips):
     b = process_video(io.BytesIO(data), IMAGE, vs)
     assert np.array_equal(a.pixel_values, b.pixel_values)
     assert np.array_equal(a.grid_thw, b.grid_thw)
+
+
+@pytest.mark.parametrize("faststart", [True, False])
+def test_a_long_clip_read_by_range_costs_its_index_and_kept_gops(faststart):
+    """16 frames of 1,800 (60 s at 30 fps, a keyframe every 30): the seek path reads
+    the sample table and the GOPs of kept frames, a fraction of the file, wherever
+    the moov sits; the frames are today's."""
+    data = clip(1800, gop=30, seed=9, faststart=faststart)
+    f = CountingFile(data)
+    got, how = decode_frames(f, IMAGE, VideoSettings())
+    assert how == "seek (mp4 index)", how
+    assert np.array_equal(got, reference_frames(data, VideoSettings()))
+    assert f.bytes_read < 0.45 * len(data), (f.bytes_read, len(data))
+    seq = CountingFile(data)
+    decode_frames(seq, IMAGE, VideoSettings(decode="sequential"))
+    assert seq.bytes_read > 0.9 * len(data)
+
+
+def test_a_container_without_a_frame_count_is_decoded_as_today(clips):
+    """Matroska has no frame count in its header: today's path counts by decoding, and
+    a demux count could differ from it where a decoder drops a frame; so no seek."""
+    out = io.BytesIO()
+    with av.open(io.BytesIO(clips["150 gop 30 B3"])) as src, \
+            av.open(out, mode="w", format="matroska") as dst:
+        ins = src.streams.video[0]
+        o = dst.add_stream_from_template(ins)
+        for packet in src.demux(ins):
+            if packet.size:
+                packet.stream = o
+                dst.mux(packet)
+    mkv = out.getvalue()
+    seq, _ = decode_frames(mkv, IMAGE, VideoSettings(decode="sequential"))
+    got, how = decode_frames(mkv, IMAGE, VideoSettings(decode="seek"))
+    assert how == "sequential: no usable packet index", how
+    assert np.array_equal(got, seq)
 
 
 def test_damaged_clips_are_refused_by_every_strategy(clips):
@@ -173,7 +242,11 @@ def test_seek_equals_sequential_property(n, gop, bframes, max_frames, fps, seed)
     want = reference_frames(data, vs)
     got, how = decode_frames(data, IMAGE, VideoSettings(fps=fps, max_frames=max_frames,
                                                         min_frames=1, decode="seek"))
-    assert how == "seek", how
+    assert how == "seek (mp4 index)", how
+    assert np.array_equal(got, want)
+    got, how = decode_frames(two_tracks(data), IMAGE, VideoSettings(fps=fps, max_frames=max_frames,
+                                                       min_frames=1, decode="seek"))
+    assert how == "seek (packet index)", how
     assert np.array_equal(got, want)
     auto, _ = decode_frames(data, IMAGE, vs)
     assert np.array_equal(auto, want)

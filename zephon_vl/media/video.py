@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import io
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import BinaryIO
@@ -38,6 +39,7 @@ from zephon_vl.media.image import (
     target_size,
     warn_if_not_simd,
 )
+from zephon_vl.media.mp4index import video_composition_offsets
 
 __all__ = ["VIDEO_DECODE", "VideoSettings", "decode_frames", "decode_plan", "process_video",
            "sample_frame_indices"]
@@ -169,39 +171,101 @@ class _Index:
     keys: list[int]
     key_pts: list[int]
     fps: float | None
+    #: "mp4 index" (the sample table) or "packet index" (a demux pass)
+    source: str = "packet index"
 
 
-def _read_index(source: Source) -> _Index | None:
-    """The packet index, or None where frame k cannot be told from it for sure
-    (a packet without pts, repeated pts, packets the decoder discards (edit
-    lists), or a count unlike the header's): such clips are decoded sequentially."""
-    try:
-        with _open(source) as container:
-            if not container.streams.video:
-                return None
-            stream = container.streams.video[0]
-            header = stream.frames
-            fps = _native_fps(stream)
-            pts: list[tuple[int, int]] = []
-            keys: list[int] = []
-            key_pts: list[int] = []
-            for packet in container.demux(stream):
-                if packet.size == 0:
-                    continue
-                if packet.pts is None or packet.is_discard or packet.is_corrupt:
-                    return None
-                if packet.is_keyframe:
-                    keys.append(len(pts))
-                    key_pts.append(packet.pts)
-                pts.append((packet.pts, len(pts)))
-    except Exception:  # noqa: BLE001 - the sequential path reports what is wrong
-        return None
+def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
+        return (lambda offset, length: bytes(view[offset:offset + length])), len(view)
+    size = source.seek(0, io.SEEK_END)
+
+    def read_at(offset: int, length: int) -> bytes:
+        source.seek(offset)
+        return source.read(length)
+
+    return read_at, size
+
+
+def _sorted_index(pts: list[tuple[int, int]], keys: list[int], key_pts: list[int],
+                  header: int, fps: float | None, source: str) -> _Index | None:
     if not pts or len(pts) != header or not keys or keys[0] != 0:
         return None
     pts.sort()
     if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
         return None
-    return _Index([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps)
+    return _Index([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
+
+
+def _index_from_mp4(source: Source) -> _Index | None:
+    """The index from the MP4 sample table: FFmpeg's decode times plus the
+    ``ctts`` composition offsets (`mp4index`). Reads the boxes, not the frames."""
+    read_at, size = _read_at(source)
+    try:
+        found = video_composition_offsets(read_at, size)
+    except Exception:  # noqa: BLE001 - not an MP4 this reader understands
+        return None
+    if found is None:
+        return None
+    offsets, count = found
+    with _open(source) as container:
+        if "mp4" not in container.format.name or not container.streams.video:
+            return None
+        stream = container.streams.video[0]
+        entries = stream.index_entries
+        if len(entries) != count or (offsets and len(offsets) != count):
+            return None
+        pts: list[tuple[int, int]] = []
+        keys: list[int] = []
+        key_pts: list[int] = []
+        for i, entry in enumerate(entries):
+            if entry.is_discard:
+                return None
+            t = entry.timestamp + (offsets[i] if offsets else 0)
+            if entry.is_keyframe:
+                keys.append(i)
+                key_pts.append(t)
+            pts.append((t, i))
+        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
+                             "mp4 index")
+
+
+def _index_from_packets(source: Source) -> _Index | None:
+    """The index from a demux pass (every packet read, none decoded)."""
+    with _open(source) as container:
+        if not container.streams.video:
+            return None
+        stream = container.streams.video[0]
+        pts: list[tuple[int, int]] = []
+        keys: list[int] = []
+        key_pts: list[int] = []
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue
+            if packet.pts is None or packet.is_discard or packet.is_corrupt:
+                return None
+            if packet.is_keyframe:
+                keys.append(len(pts))
+                key_pts.append(packet.pts)
+            pts.append((packet.pts, len(pts)))
+        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
+                             "packet index")
+
+
+def _read_index(source: Source) -> _Index | None:
+    """The packet index, or None where frame k cannot be told from it for sure
+    (a packet without pts, repeated pts, packets the decoder discards (edit
+    lists), or a count unlike the header's): such clips are decoded sequentially.
+
+    An MP4 is indexed from its sample table (no frame is read: a clip read by
+    range costs its index, then only the GOPs of kept frames); other
+    containers, or an MP4 whose table this cannot read, by a demux pass.
+    """
+    try:
+        return _index_from_mp4(source) or _index_from_packets(source)
+    except Exception:  # noqa: BLE001 - the sequential path reports what is wrong
+        return None
 
 
 def _key_for(index: _Index, k: int) -> int | None:
@@ -326,6 +390,7 @@ def _decode_seek(source: Source, indices: list[int], segments: list, index: _Ind
     for slot, idx in enumerate(indices):
         slots.setdefault(idx, []).append(slot)
     where_pts = {p: k for k, p in enumerate(index.pts)}
+    shift: int | None = None  # FFmpeg's pts minus the index's (learnt from packet 0)
     out: np.ndarray | None = None
     th = tw = 0
     with _open(source) as container:
@@ -334,24 +399,29 @@ def _decode_seek(source: Source, indices: list[int], segments: list, index: _Ind
         for key, frames in segments:
             key_pts = index.key_pts[index.keys.index(key)]
             if key != 0:
-                container.seek(key_pts, backward=True, any_frame=False, stream=stream)
+                assert shift is not None  # the first segment starts at packet 0
+                container.seek(key_pts + shift, backward=True, any_frame=False, stream=stream)
             expect = where_pts[key_pts]
             last = frames[-1]
             first_packet = True
             done = False
             for packet in container.demux(stream):
                 if first_packet and packet.size:
-                    if packet.pts != key_pts or not packet.is_keyframe:
-                        raise _Surprise(f"seek landed on pts {packet.pts}, not {key_pts}")
+                    if packet.pts is None or not packet.is_keyframe:
+                        raise _Surprise("a segment does not start at a keyframe")
+                    if shift is None:
+                        shift = packet.pts - key_pts
+                    if packet.pts != key_pts + shift:
+                        raise _Surprise(f"seek landed on pts {packet.pts}, not {key_pts + shift}")
                     first_packet = False
                 for frame in packet.decode():
-                    if frame.pts is None:
+                    if frame.pts is None or shift is None:
                         raise _Surprise("a frame without pts")
-                    if frame.pts < key_pts:  # before the keyframe: stale or a leading frame
+                    if frame.pts < key_pts + shift:  # before the keyframe: stale or leading
                         continue
-                    k = where_pts.get(frame.pts)
+                    k = where_pts.get(frame.pts - shift)
                     if k != expect:
-                        raise _Surprise(f"decoded pts {frame.pts}, expected frame {expect}")
+                        raise _Surprise(f"decoded pts {frame.pts}, not frame {expect}'s")
                     expect += 1
                     if k == 0:
                         th, tw, out = _first_frame(frame, len(indices), image_settings,
@@ -396,7 +466,8 @@ def decode_frames(
     where: str = "?",
 ) -> tuple[np.ndarray, str]:
     """The kept frames (uint8 ``[T, H, W, 3]``, resized) and how they were reached:
-    ``"seek"``, ``"sequential"``, or ``"sequential: <why not seek>"``.
+    ``"seek (mp4 index)"``, ``"seek (packet index)"``, ``"sequential"``, or
+    ``"sequential: <why not seek>"``.
 
     Bad input raises BadSampleError. The frames do not depend on
     `video_settings.decode` or `decoder_threads` (see the module docstring).
@@ -411,7 +482,7 @@ def decode_frames(
                 how = f"sequential: {plan}"
             else:
                 frames = _decode_seek(data, *plan, image_settings, video_settings, where)
-                return frames, "seek"
+                return frames, f"seek ({plan[2].source})"
         except (BadSampleError, MemoryError):
             raise
         except Exception as e:  # noqa: BLE001 - _Surprise or a seek failure: decode as before
