@@ -22,15 +22,17 @@ from __future__ import annotations
 import bisect
 import io
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import av
 import numpy as np
 
 from zephon_core import BadSampleError, ConfigError
+from zephon_core.data.storage import StoredFileIO, is_remote, open_shard, scheme_of
 from zephon_vl.media.image import (
     ImageSettings,
     VisionPatches,
@@ -41,8 +43,8 @@ from zephon_vl.media.image import (
 )
 from zephon_vl.media.mp4index import video_composition_offsets
 
-__all__ = ["VIDEO_DECODE", "VideoSettings", "decode_frames", "decode_plan", "process_video",
-           "sample_frame_indices"]
+__all__ = ["VIDEO_DECODE", "VideoSettings", "decode_frames", "decode_plan", "open_video_reference",
+           "process_video", "read_video_reference", "sample_frame_indices", "video_location"]
 
 #: How `process_video` reaches the kept frames (`VideoSettings.decode`).
 VIDEO_DECODE = ("auto", "seek", "sequential")
@@ -71,6 +73,11 @@ class VideoSettings:
     #: pool within its budget; more (frame threading) helps when workers < cores.
     #: Pixels are bit-identical at any count (tested); not in the fingerprint.
     decoder_threads: int = 1
+    #: Where samples' referenced videos live (``{"video": "clips/a.mp4"}`` in a sample's
+    #: JSON, as TorchTitan's ``video_dir`` or LLaVA-Video's ``video_folder``): a local
+    #: folder or a URL prefix (``s3://bucket/videos``), read through zephon_core's
+    #: storage (retries, range reads). In the fingerprint when set.
+    video_folder: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
@@ -85,6 +92,9 @@ class VideoSettings:
         if self.decode not in VIDEO_DECODE:
             raise ConfigError(f"VideoSettings.decode must be one of {VIDEO_DECODE}, "
                               f"got {self.decode!r}")
+        if self.video_folder is not None and not (isinstance(self.video_folder, str)
+                                                  and self.video_folder):
+            raise ConfigError("VideoSettings.video_folder must be a non-empty path or URL")
         if self.decoder_threads < 1:
             raise ConfigError("VideoSettings.decoder_threads must be >= 1, got "
                               f"{self.decoder_threads}")
@@ -92,10 +102,13 @@ class VideoSettings:
     def settings_dict(self) -> dict:
         """JSON-able view of the fields that decide the rows, for checkpoint fingerprints.
 
-        `decode` and `decoder_threads` change speed only, so they are left out.
+        `decode` and `decoder_threads` change speed only, so they are left out;
+        `video_folder` is in when set.
         """
         d = asdict(self)
         del d["decode"], d["decoder_threads"]
+        if self.video_folder is None:  # fingerprints of clips carried in the tar stay as they were
+            del d["video_folder"]
         return d
 
 
@@ -508,3 +521,69 @@ def process_video(
     warn_if_not_simd()
     frames, _ = decode_frames(data, image_settings, video_settings, where)
     return finish_patches(frames, image_settings)
+
+
+def video_location(ref: Any, video_folder: str | None, where: str = "?") -> str:
+    """Where the video a sample names lives: `ref` joined to `video_folder`.
+
+    `ref` is the sample's own content, so a bad one is a bad sample
+    (``bad_video_ref``: not a non-empty relative path, or one that climbs out of
+    the folder with ``..``; an absolute path or URL in a sample is refused, so
+    a dataset cannot read files outside its folder). No `video_folder` is a
+    configuration error.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        raise BadSampleError("bad_video_ref", where, f"'video' is {ref!r}, not a relative path")
+    parts = ref.replace("\\", "/").split("/")
+    if scheme_of(ref) or ref.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+        raise BadSampleError("bad_video_ref", where, f"'video' {ref!r} must be a path relative "
+                             "to VideoSettings.video_folder, without '..'")
+    if video_folder is None:
+        raise ConfigError(f"{where} names the video {ref!r}, but VideoSettings.video_folder is "
+                          "not set: set it (recipe video: {video_folder: <folder or URL>}) to "
+                          "the folder the samples' video paths are relative to")
+    if is_remote(video_folder):
+        return f"{video_folder.rstrip('/')}/{ref}"
+    return os.path.join(video_folder, ref)
+
+
+class _VideoFile(StoredFileIO):
+    """A `StoredFileIO` that closes its stored file: one referenced video, read by range."""
+
+    def close(self) -> None:
+        self.stored.close()
+
+    def __enter__(self) -> _VideoFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_video_reference(ref: Any, video_folder: str | None, where: str = "?") -> _VideoFile:
+    """A seekable file object over the video a sample names (see `video_location`),
+    for `process_video`: an MP4 is then read by range (its index, then the GOPs of
+    the kept frames; see docs/video.md).
+
+    A missing file raises FileNotFoundError naming the sample, the path and the
+    folder: an I/O error stops the run, never a drop (the same sample would be
+    dropped on one run and kept on another). Storage errors propagate as
+    `zephon_core.data.storage` raises them (retried first).
+    """
+    location = video_location(ref, video_folder, where)
+    try:
+        return _VideoFile(open_shard(location))
+    except BadSampleError as e:
+        if e.reason != "missing_shard":
+            raise
+    except FileNotFoundError:
+        pass
+    raise FileNotFoundError(f"{where}: the video {ref!r} it names is not at {location} "
+                            f"(VideoSettings.video_folder={video_folder!r}); fix the folder "
+                            "setting, copy the video there, or remove the sample")
+
+
+def read_video_reference(ref: Any, video_folder: str | None, where: str = "?") -> bytes:
+    """All bytes of the video a sample names (see `open_video_reference`)."""
+    with open_video_reference(ref, video_folder, where) as f:
+        return f.read()
