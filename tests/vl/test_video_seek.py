@@ -141,7 +141,7 @@ def test_every_strategy_keeps_todays_frames(clips, name):
                                                                    "decode": decode}))
             assert np.array_equal(got, want), (name, vs, decode, how)
             if decode == "seek":  # the seek path really ran: no fallback on these clips
-                assert how == "seek (mp4 index)", (name, vs, how)
+                assert how.startswith("seek (mp4 index): "), (name, vs, how)
             if decode == "sequential":
                 assert how == "sequential"
 
@@ -161,7 +161,7 @@ def test_decoder_threads_do_not_change_pixels(clips):
 def test_auto_is_a_function_of_the_index_and_settings(clips):
     long = clip(900, gop=60, seed=5)  # 30 s at 30 fps, 16 frames of 900: sparse
     hows = {decode_frames(long, IMAGE, VideoSettings())[1] for _ in range(3)}
-    assert hows == {"seek (mp4 index)"}
+    assert len(hows) == 1 and hows.pop().startswith("seek (mp4 index): "), hows
     dense = decode_frames(clips["90 all keyframes"], IMAGE, VideoSettings(fps=30.0,
                                                                           max_frames=64))[1]
     assert dense.startswith("sequential: dense"), dense
@@ -184,7 +184,7 @@ def test_a_long_clip_read_by_range_costs_its_index_and_kept_gops(faststart):
     data = clip(1800, gop=30, seed=9, faststart=faststart)
     f = CountingFile(data)
     got, how = decode_frames(f, IMAGE, VideoSettings())
-    assert how == "seek (mp4 index)", how
+    assert how.startswith("seek (mp4 index): "), how
     assert np.array_equal(got, reference_frames(data, VideoSettings()))
     assert f.bytes_read < 0.45 * len(data), (f.bytes_read, len(data))
     seq = CountingFile(data)
@@ -242,11 +242,11 @@ def test_seek_equals_sequential_property(n, gop, bframes, max_frames, fps, seed)
     want = reference_frames(data, vs)
     got, how = decode_frames(data, IMAGE, VideoSettings(fps=fps, max_frames=max_frames,
                                                         min_frames=1, decode="seek"))
-    assert how == "seek (mp4 index)", how
+    assert how.startswith("seek (mp4 index): "), how
     assert np.array_equal(got, want)
     got, how = decode_frames(two_tracks(data), IMAGE, VideoSettings(fps=fps, max_frames=max_frames,
                                                        min_frames=1, decode="seek"))
-    assert how == "seek (packet index)", how
+    assert how.startswith("seek (packet index): "), how
     assert np.array_equal(got, want)
     auto, _ = decode_frames(data, IMAGE, vs)
     assert np.array_equal(auto, want)

@@ -377,7 +377,7 @@ def _decode_sequential(
 
 
 def _seek_plan(index: _Index | None, image_settings: ImageSettings,
-               video_settings: VideoSettings) -> tuple[list[int], list, _Index] | str:
+               video_settings: VideoSettings) -> tuple[list[int], list, _Index, str] | str:
     """The kept indices and the seek plan, or why sequential decoding is the
     choice (no usable index, or "auto" and the plan saves too little).
     Depends only on the bytes and the settings."""
@@ -389,9 +389,10 @@ def _seek_plan(index: _Index | None, image_settings: ImageSettings,
         segments, cost, sequential = decode_plan(index, indices)
     except _Surprise as e:
         return str(e)
+    fed = f"the plan feeds {cost} packets, sequential {sequential}"
     if video_settings.decode == "auto" and cost > SEEK_SHARE * sequential:
-        return f"dense: the plan feeds {cost} packets, sequential {sequential}"
-    return indices, segments, index
+        return f"dense: {fed}"
+    return indices, segments, index, fed
 
 
 def _decode_seek(source: Source, indices: list[int], segments: list, index: _Index,
@@ -479,8 +480,8 @@ def decode_frames(
     where: str = "?",
 ) -> tuple[np.ndarray, str]:
     """The kept frames (uint8 ``[T, H, W, 3]``, resized) and how they were reached:
-    ``"seek (mp4 index)"``, ``"seek (packet index)"``, ``"sequential"``, or
-    ``"sequential: <why not seek>"``.
+    ``"seek (mp4 index): <packets fed>"``, ``"seek (packet index): ..."``,
+    ``"sequential"``, or ``"sequential: <why not seek>"``.
 
     Bad input raises BadSampleError. The frames do not depend on
     `video_settings.decode` or `decoder_threads` (see the module docstring).
@@ -494,8 +495,8 @@ def decode_frames(
             if isinstance(plan, str):
                 how = f"sequential: {plan}"
             else:
-                frames = _decode_seek(data, *plan, image_settings, video_settings, where)
-                return frames, f"seek ({plan[2].source})"
+                frames = _decode_seek(data, *plan[:3], image_settings, video_settings, where)
+                return frames, f"seek ({plan[2].source}): {plan[3]}"
         except (BadSampleError, MemoryError):
             raise
         except Exception as e:  # noqa: BLE001 - _Surprise or a seek failure: decode as before
