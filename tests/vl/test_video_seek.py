@@ -146,6 +146,36 @@ def test_every_strategy_keeps_todays_frames(clips, name):
                 assert how == "sequential"
 
 
+def test_open_gops_and_b_pyramids_keep_todays_frames():
+    """x264 open GOPs (B-frames across a GOP boundary), a B-pyramid, scene cuts."""
+    rng = np.random.default_rng(4)
+    base = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        s = c.add_stream("libx264", rate=30, options={
+            "crf": "18", "preset": "medium",
+            "x264-params": "mbtree=0:keyint=20:min-keyint=5:bframes=3:open-gop=1:"
+                           "b-pyramid=normal"})
+        s.codec_context.thread_count = 1
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        for i in range(300):
+            f = np.roll(base, 3 * i, axis=1)
+            f[:12, :(i % 64) + 1] = 255
+            if i % 37 == 0:
+                f = 255 - f  # a scene cut
+            for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    data = buf.getvalue()
+    for vs in SETTINGS:
+        want = reference_frames(data, vs)
+        for decode in ("seek", "auto"):
+            got, how = decode_frames(data, IMAGE, VideoSettings(**{**vs.__dict__,
+                                                                   "decode": decode}))
+            assert np.array_equal(got, want), (vs, decode, how)
+
+
 def test_decoder_threads_do_not_change_pixels(clips):
     data = clips["240 gop 60 B2"]
     vs = VideoSettings(fps=30.0, max_frames=64)
