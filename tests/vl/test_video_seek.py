@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 from zephon_core import BadSampleError, ConfigError
 from zephon_vl import ImageSettings, VideoSettings, process_video
 from zephon_vl.media.image import resize_rgb, target_size
-from zephon_vl.media.video import decode_frames, sample_frame_indices
+from zephon_vl.media.video import (
+    decode_frames,
+    decode_plan,
+    read_video_index,
+    sample_frame_indices,
+)
 from zephon_vl.testing.video import encode_test_video
 
 IMAGE = ImageSettings()
@@ -174,6 +179,22 @@ def test_open_gops_and_b_pyramids_keep_todays_frames():
             got, how = decode_frames(data, IMAGE, VideoSettings(**{**vs.__dict__,
                                                                    "decode": decode}))
             assert np.array_equal(got, want), (vs, decode, how)
+
+
+@pytest.mark.parametrize("name", [n for n in CLIPS if CLIPS[n]["n"] > 2])
+def test_the_sample_table_agrees_with_the_demuxed_packets(clips, name):
+    """The MP4 index (decode times + ctts, no packet read) is the demux pass's."""
+    table = read_video_index(clips[name])
+    packets = read_video_index(two_tracks(clips[name]))
+    assert table is not None and table.source == "mp4 index"
+    assert packets is not None and packets.source == "packet index"
+    shift = packets.pts[0] - table.pts[0]
+    assert [p - shift for p in packets.pts] == table.pts
+    assert (packets.pos, packets.keys) == (table.pos, table.keys)
+    segments, cost, sequential = decode_plan(table, [0, len(table.pts) - 1])
+    assert segments[0][0] == 0 and segments[-1][1][-1] == len(table.pts) - 1
+    assert all(key in table.keys for key, _ in segments)
+    assert cost <= sequential + 4 * len(segments)
 
 
 def test_decoder_threads_do_not_change_pixels(clips):

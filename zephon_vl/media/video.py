@@ -43,8 +43,9 @@ from zephon_vl.media.image import (
 )
 from zephon_vl.media.mp4index import video_composition_offsets
 
-__all__ = ["VIDEO_DECODE", "VideoSettings", "decode_frames", "decode_plan", "open_video_reference",
-           "process_video", "read_video_reference", "sample_frame_indices", "video_location"]
+__all__ = ["VIDEO_DECODE", "VideoIndex", "VideoSettings", "decode_frames", "decode_plan",
+           "open_video_reference", "process_video", "read_video_index", "read_video_reference",
+           "sample_frame_indices", "video_location"]
 
 #: How `process_video` reaches the kept frames (`VideoSettings.decode`).
 VIDEO_DECODE = ("auto", "seek", "sequential")
@@ -165,13 +166,14 @@ def _threads(stream: av.video.stream.VideoStream, settings: VideoSettings) -> No
     ctx.thread_type = "AUTO" if settings.decoder_threads > 1 else "SLICE"
 
 
-class _Surprise(Exception):
+class _Surprise(ValueError):
     """The seek path met something its index did not predict: decode sequentially."""
 
 
 @dataclass(frozen=True)
-class _Index:
-    """A clip's video packets, from a demux pass (no decoding).
+class VideoIndex:
+    """A clip's video packets (`read_video_index`: the MP4 sample table, or a demux
+    pass; nothing decoded).
 
     Frame `k` (the k-th frame the decoder puts out, in presentation order) is
     the packet with the k-th smallest pts: ``pts[k]``, fed to the decoder as
@@ -202,16 +204,16 @@ def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
 
 
 def _sorted_index(pts: list[tuple[int, int]], keys: list[int], key_pts: list[int],
-                  header: int, fps: float | None, source: str) -> _Index | None:
+                  header: int, fps: float | None, source: str) -> VideoIndex | None:
     if not pts or len(pts) != header or not keys or keys[0] != 0:
         return None
     pts.sort()
     if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
         return None
-    return _Index([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
+    return VideoIndex([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
 
 
-def _index_from_mp4(source: Source) -> _Index | None:
+def _index_from_mp4(source: Source) -> VideoIndex | None:
     """The index from the MP4 sample table: FFmpeg's decode times plus the
     ``ctts`` composition offsets (`mp4index`). Reads the boxes, not the frames."""
     read_at, size = _read_at(source)
@@ -244,7 +246,7 @@ def _index_from_mp4(source: Source) -> _Index | None:
                              "mp4 index")
 
 
-def _index_from_packets(source: Source) -> _Index | None:
+def _index_from_packets(source: Source) -> VideoIndex | None:
     """The index from a demux pass (every packet read, none decoded)."""
     with _open(source) as container:
         if not container.streams.video:
@@ -266,7 +268,7 @@ def _index_from_packets(source: Source) -> _Index | None:
                              "packet index")
 
 
-def _read_index(source: Source) -> _Index | None:
+def read_video_index(source: Source) -> VideoIndex | None:
     """The packet index, or None where frame k cannot be told from it for sure
     (a packet without pts, repeated pts, packets the decoder discards (edit
     lists), or a count unlike the header's): such clips are decoded sequentially.
@@ -281,7 +283,7 @@ def _read_index(source: Source) -> _Index | None:
         return None
 
 
-def _key_for(index: _Index, k: int) -> int | None:
+def _key_for(index: VideoIndex, k: int) -> int | None:
     """Decode position of the keyframe to start from for frame k: the last one
     before it in decode order that it does not display before (a frame shown
     before its keyframe, an open GOP's leading frame, needs the one before)."""
@@ -291,7 +293,8 @@ def _key_for(index: _Index, k: int) -> int | None:
     return index.keys[j] if j >= 0 else None
 
 
-def decode_plan(index: _Index, wanted: list[int]) -> tuple[list[tuple[int, list[int]]], int, int]:
+def decode_plan(index: VideoIndex,
+                wanted: list[int]) -> tuple[list[tuple[int, list[int]]], int, int]:
     """Segments ``(keyframe decode position, frames)`` for the seek path, and the
     frames it and sequential decoding would feed the decoder.
 
@@ -299,6 +302,7 @@ def decode_plan(index: _Index, wanted: list[int]) -> tuple[list[tuple[int, list[
     when decoding on from there is no dearer than a seek to its own keyframe
     (`SEEK_COST_FRAMES` per seek). A pure function of the index; the first
     segment starts at packet 0 (frame 0 is always kept and is the first keyframe).
+    A frame with no keyframe before it raises ValueError.
     """
     frames = sorted(set(wanted))
     segments: list[tuple[int, list[int]]] = []
@@ -376,8 +380,8 @@ def _decode_sequential(
         return seen, indices, out
 
 
-def _seek_plan(index: _Index | None, image_settings: ImageSettings,
-               video_settings: VideoSettings) -> tuple[list[int], list, _Index, str] | str:
+def _seek_plan(index: VideoIndex | None, image_settings: ImageSettings,
+               video_settings: VideoSettings) -> tuple[list[int], list, VideoIndex, str] | str:
     """The kept indices and the seek plan, or why sequential decoding is the
     choice (no usable index, or "auto" and the plan saves too little).
     Depends only on the bytes and the settings."""
@@ -395,7 +399,7 @@ def _seek_plan(index: _Index | None, image_settings: ImageSettings,
     return indices, segments, index, fed
 
 
-def _decode_seek(source: Source, indices: list[int], segments: list, index: _Index,
+def _decode_seek(source: Source, indices: list[int], segments: list, index: VideoIndex,
                  image_settings: ImageSettings, video_settings: VideoSettings,
                  where: str) -> np.ndarray:
     """Decode each segment from its keyframe; raises _Surprise where a decoded
@@ -491,7 +495,7 @@ def decode_frames(
     how = "sequential"
     if video_settings.decode != "sequential":
         try:
-            plan = _seek_plan(_read_index(data), image_settings, video_settings)
+            plan = _seek_plan(read_video_index(data), image_settings, video_settings)
             if isinstance(plan, str):
                 how = f"sequential: {plan}"
             else:
