@@ -43,10 +43,11 @@ def videos(tmp_path_factory):
     return [str(p) for p in carried], [str(p) for p in named], folder, samples
 
 
-def digests(shards: list[str], video: VideoSettings, **kw) -> list[str]:
+def digests(shards: list[str], video: VideoSettings, ex: Execution | None = None,
+            **kw) -> list[str]:
     recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, epochs=1,
                          shuffle_buffer=0, video=video, **kw)
-    ep = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
+    ep = run_epoch(Loader(recipe, 0, 1, ex or Execution(runner="inline")))
     assert not ep.drops(), ep.drops()
     rows = [row for step in ep.step_rows for row in step] + ep.left_rows
     return [batch_digest(recipe.collate([r])) for r in rows]
@@ -57,6 +58,8 @@ def test_referenced_videos_give_the_batches_of_carried_ones(videos):
     want = digests(carried, VideoSettings())
     assert want
     assert digests(named, VideoSettings(video_folder=str(folder))) == want
+    procs = Execution(runner="processes", default_workers=2, group_size=1)
+    assert digests(named, VideoSettings(video_folder=str(folder)), procs) == want
 
 
 def test_a_missing_video_stops_the_run_naming_it_even_under_drop(videos, tmp_path):
