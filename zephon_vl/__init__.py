@@ -27,6 +27,9 @@ _EXPORTS: dict[str, str] = {
     "smart_resize": "zephon_vl.media.image",
     "VideoSettings": "zephon_vl.media.video",
     "process_video": "zephon_vl.media.video",
+    "decode_frames": "zephon_vl.media.video",
+    "open_video_reference": "zephon_vl.media.video",
+    "read_video_reference": "zephon_vl.media.video",
     # shards
     "ShardIndex": "zephon_vl.wds.index",
     "WebDatasetReader": "zephon_vl.wds.index",

@@ -77,3 +77,37 @@ def second_pool() -> None:
     finally:
         runner.close()
     print(json.dumps({"pid": os.getpid()}), flush=True)
+
+
+class BusyStart(Map):
+    """A Map whose setup burns `cpu_s` of CPU (imports, a model load): slower on a busy machine."""
+
+    def __init__(self, fn: Any, cpu_s: float, name: str = "busy") -> None:
+        super().__init__(fn, name=name)
+        self.cpu_s = cpu_s
+
+    def setup(self) -> None:
+        end = time.process_time() + self.cpu_s
+        while time.process_time() < end:
+            pass
+
+
+class ExitOnRestart(Map):
+    """Starts once; every later worker exits with code 3 while starting (a broken restart)."""
+
+    def __init__(self, fn: Any, marker: str, name: str = "restart") -> None:
+        super().__init__(fn, name=name)
+        self.marker = marker
+
+    def setup(self) -> None:
+        if os.path.exists(self.marker):
+            os._exit(3)
+        with open(self.marker, "w") as f:
+            f.write(str(os.getpid()))
+
+
+def burn_cpu(seconds: float) -> None:
+    """A CPU burner for tests on a busy machine: spins until `seconds` have passed."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass

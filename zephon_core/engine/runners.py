@@ -37,6 +37,11 @@ from zephon_core.records import Element
 log = logging.getLogger(__name__)
 RUNNERS = ("inline", "threads", "processes")
 MAX_ATTEMPTS = 3
+#: A pool that has started once gives up on replacements killed by a signal while
+#: they start only after this long with none ready and no group answered ...
+START_PATIENCE_MIN_S = 60.0
+#: ... or this many times the longest start it has seen, if that is longer.
+START_PATIENCE = 20.0
 
 
 class Runner:
@@ -170,6 +175,16 @@ def _death_cause(exitcode: int | None) -> str:
     return f"was killed by {name}"
 
 
+def _short_cause(exitcode: int | None) -> str:
+    """``killed by SIGKILL`` or ``exited with code 3``: a key to count deaths by."""
+    if exitcode is None or exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
 def _advice(exitcode: int | None) -> str:
     if exitcode == -signal.SIGKILL:
         return "use fewer workers or give the job more memory (see `dmesg` for the OOM killer)"
@@ -217,6 +232,14 @@ class ProcessRunner(Runner):
         #: messages sent pickled through the pipe because /dev/shm had no room
         self.pickled = 0
         self._early_deaths = 0
+        #: how the workers that died while starting ended, since the pool last made progress
+        self._early_causes: dict[str, int] = {}
+        #: when the pool last made progress (a worker ready, a group answered)
+        self._progress_at = time.monotonic()
+        #: seconds each worker took from spawn to ready (the last 64)
+        self.start_times: deque[float] = deque(maxlen=64)
+        self._started = 0
+        self._spawned_at = [0.0] * workers
         self._broken = ""
         self._answered = [False] * workers
         # names of pooled answer files the driver no longer reads (appended by finalizers)
@@ -256,6 +279,7 @@ class ProcessRunner(Runner):
         self._conns[i] = parent
         self._answered[i] = False
         self._busy_since[i] = None
+        self._spawned_at[i] = time.monotonic()
 
     @property
     def pids(self) -> list[int]:
@@ -367,7 +391,9 @@ class ProcessRunner(Runner):
             return False
         if status == "ready":
             self._answered[i] = True
-            self._early_deaths = 0
+            self.start_times.append(time.monotonic() - self._spawned_at[i])
+            self._started += 1
+            self._made_progress()
             if self._assigned[i]:
                 self._busy_since[i] = time.monotonic()
             return True
@@ -375,6 +401,7 @@ class ProcessRunner(Runner):
             task = self._assigned[i].popleft()
             self._busy_since[i] = time.monotonic() if self._assigned[i] else None
         assert task.id == task_id, "worker answered out of order"
+        self._made_progress()
         shm.discard(task.packed)
         if status == "ok":
             self._count_pickled(getattr(payload, "items", [payload]))
@@ -408,13 +435,15 @@ class ProcessRunner(Runner):
                     where)
         if not started:
             self._early_deaths += 1
+            cause = _short_cause(p.exitcode)
+            self._early_causes[cause] = self._early_causes.get(cause, 0) + 1
         with self._lock:
             if overdue and lost:
                 lost[0].overdue += 1
             if not started or overdue:  # not these groups' doing (a hang is counted apart)
                 for task in lost:
                     task.attempts -= 1
-            if self._early_deaths >= MAX_ATTEMPTS * self.workers:
+            if not started and self._cannot_start(p.exitcode):
                 lost += list(self._pending)
                 self._pending.clear()
                 self._broken = self._start_failure(p.exitcode)
@@ -432,9 +461,50 @@ class ProcessRunner(Runner):
         if not self._broken:
             self._start_worker(i)
 
+    def _made_progress(self) -> None:
+        self._early_deaths = 0
+        self._early_causes.clear()
+        self._progress_at = time.monotonic()
+
+    def start_patience(self) -> float:
+        """Seconds without progress before replacements killed while starting end the
+        stage: `START_PATIENCE` x the longest start seen, at least `START_PATIENCE_MIN_S`."""
+        return max(START_PATIENCE_MIN_S, START_PATIENCE * max(self.start_times, default=0.0))
+
+    def _cannot_start(self, exitcode: int | None) -> bool:
+        """Whether the deaths while starting since the last progress show that workers
+        cannot start, rather than that they were cut short.
+
+        `MAX_ATTEMPTS` deaths per worker in a row are needed either way. A worker
+        that exits by itself, or any death in a pool that never started, counts at
+        once: nothing outside is to blame. A pool that has started before and
+        whose replacements are killed by a signal (an OOM killer, a fault
+        injector, on a machine where starting now takes far longer) waits
+        `start_patience` from its last progress: the start-up deadline follows
+        the start times this pool has seen, not a fixed clock.
+        """
+        if self._early_deaths < MAX_ATTEMPTS * self.workers:
+            return False
+        if self._started == 0 or exitcode is None or exitcode >= 0:
+            return True
+        return time.monotonic() - self._progress_at >= self.start_patience()
+
+    def _start_record(self) -> str:
+        """What the pool saw: deaths in a row and how they ended, starts and their times."""
+        causes = ", ".join(f"{c} x{n}" for c, n in sorted(self._early_causes.items()))
+        seen = (f"{self._early_deaths} in a row ({causes}), none ready for "
+                f"{time.monotonic() - self._progress_at:.1f} s")
+        if not self._started:
+            return f"{seen}; no worker of this stage has started yet"
+        times = sorted(self.start_times)
+        span = (f"{times[0]:.2f} s" if len(times) == 1
+                else f"{times[0]:.2f}-{times[-1]:.2f} s")
+        plural = "worker" if self._started == 1 else "workers"
+        return f"{seen}; {self._started} {plural} started before, taking {span} to start"
+
     def _start_failure(self, exitcode: int | None) -> str:
-        head = (f"stage {self.name}: worker processes keep dying while they start (the "
-                f"last one {_death_cause(exitcode)})")
+        head = (f"stage {self.name}: worker processes keep dying while they start: "
+                f"{self._start_record()}; the last one {_death_cause(exitcode)}")
         if exitcode in (-signal.SIGKILL, -signal.SIGBUS):
             return f"{head}; {_advice(exitcode)}"
         return (f"{head}; the stage cannot start in a worker process (is the script guarded "

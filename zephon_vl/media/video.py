@@ -1,4 +1,4 @@
-"""Video clips -> Qwen2-VL temporal patch rows, decoded with PyAV from memory.
+"""Video clips -> Qwen2-VL temporal patch rows, decoded with PyAV.
 
 Frames are picked by :func:`sample_frame_indices`, a pure function of the
 frame count, the native frame rate and the settings, so the same bytes give
@@ -6,19 +6,33 @@ the same rows on every rank and every run. Every frame is resized (one PIL
 bicubic call) to the single smart_resize target of the first frame, and
 consecutive groups of ``temporal_patch_size`` frames form one temporal patch,
 in transformers' Qwen2-VL video element order (see ``image.patchify``).
+
+How the kept frames are reached is `VideoSettings.decode`: ``"sequential"``
+decodes every frame up to the last kept one; ``"seek"`` jumps to the keyframe
+before each kept frame and decodes forward from there; ``"auto"`` (default)
+picks one from the container's packet index (a demux pass: presentation
+times and keyframe flags, no decoding), never from timing. Both give the
+same frames with the same pixels (the seek path checks every decoded frame's
+timestamp against the index and falls back to sequential on any surprise), so
+the strategy is not part of the fingerprint. See docs/video.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
+import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from typing import Any, BinaryIO
 
 import av
 import numpy as np
 
 from zephon_core import BadSampleError, ConfigError
+from zephon_core.data.storage import StoredFileIO, is_remote, open_shard, scheme_of
 from zephon_vl.media.image import (
     ImageSettings,
     VisionPatches,
@@ -27,8 +41,18 @@ from zephon_vl.media.image import (
     target_size,
     warn_if_not_simd,
 )
+from zephon_vl.media.mp4index import video_composition_offsets
 
-__all__ = ["VideoSettings", "process_video", "sample_frame_indices"]
+__all__ = ["VIDEO_DECODE", "VideoIndex", "VideoSettings", "decode_frames", "decode_plan",
+           "open_video_reference", "process_video", "read_video_index", "read_video_reference",
+           "sample_frame_indices", "video_location"]
+
+#: How `process_video` reaches the kept frames (`VideoSettings.decode`).
+VIDEO_DECODE = ("auto", "seek", "sequential")
+#: In a decode plan, one seek costs about as much as decoding this many frames.
+SEEK_COST_FRAMES = 4
+#: "auto" seeks when the plan decodes at most this share of the frames sequential would.
+SEEK_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -42,6 +66,19 @@ class VideoSettings:
     min_frames: int = 2
     #: Per-frame pixel budget; None uses the image settings' max_pixels.
     max_pixels_per_frame: int | None = None
+    #: "auto", "seek" or "sequential" (`VIDEO_DECODE`): how kept frames are reached.
+    #: Never changes which frames are kept or their pixels: not in the fingerprint.
+    decode: str = "auto"
+    #: FFmpeg decoder threads per worker process. Workers already fill the rank's
+    #: cores (`Execution` gives each rank cores // local ranks), so 1 keeps the
+    #: pool within its budget; more (frame threading) helps when workers < cores.
+    #: Pixels are bit-identical at any count (tested); not in the fingerprint.
+    decoder_threads: int = 1
+    #: Where samples' referenced videos live (``{"video": "clips/a.mp4"}`` in a sample's
+    #: JSON, as TorchTitan's ``video_dir`` or LLaVA-Video's ``video_folder``): a local
+    #: folder or a URL prefix (``s3://bucket/videos``), read through zephon_core's
+    #: storage (retries, range reads). In the fingerprint when set.
+    video_folder: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
@@ -53,10 +90,27 @@ class VideoSettings:
             )
         if self.max_pixels_per_frame is not None and self.max_pixels_per_frame < 1:
             raise ConfigError("VideoSettings.max_pixels_per_frame must be >= 1")
+        if self.decode not in VIDEO_DECODE:
+            raise ConfigError(f"VideoSettings.decode must be one of {VIDEO_DECODE}, "
+                              f"got {self.decode!r}")
+        if self.video_folder is not None and not (isinstance(self.video_folder, str)
+                                                  and self.video_folder):
+            raise ConfigError("VideoSettings.video_folder must be a non-empty path or URL")
+        if self.decoder_threads < 1:
+            raise ConfigError("VideoSettings.decoder_threads must be >= 1, got "
+                              f"{self.decoder_threads}")
 
     def settings_dict(self) -> dict:
-        """JSON-able view of every field, for checkpoint fingerprints."""
-        return asdict(self)
+        """JSON-able view of the fields that decide the rows, for checkpoint fingerprints.
+
+        `decode` and `decoder_threads` change speed only, so they are left out;
+        `video_folder` is in when set.
+        """
+        d = asdict(self)
+        del d["decode"], d["decoder_threads"]
+        if self.video_folder is None:  # fingerprints of clips carried in the tar stay as they were
+            del d["video_folder"]
+        return d
 
 
 def sample_frame_indices(
@@ -90,13 +144,201 @@ def sample_frame_indices(
     return indices
 
 
+
+Source = bytes | BinaryIO
+
+
 def _native_fps(stream: av.video.stream.VideoStream) -> float | None:
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     return float(rate) if rate else None
 
 
-def _decode(
-    data: bytes,
+def _open(source: Source) -> av.container.InputContainer:
+    if isinstance(source, bytes | bytearray | memoryview):
+        return av.open(io.BytesIO(source), mode="r")
+    source.seek(0)
+    return av.open(source, mode="r")
+
+
+def _threads(stream: av.video.stream.VideoStream, settings: VideoSettings) -> None:
+    ctx = stream.codec_context
+    ctx.thread_count = settings.decoder_threads
+    ctx.thread_type = "AUTO" if settings.decoder_threads > 1 else "SLICE"
+
+
+class _Surprise(ValueError):
+    """The seek path met something its index did not predict: decode sequentially."""
+
+
+@dataclass(frozen=True)
+class VideoIndex:
+    """A clip's video packets (`read_video_index`: the MP4 sample table, or a demux
+    pass; nothing decoded).
+
+    Frame `k` (the k-th frame the decoder puts out, in presentation order) is
+    the packet with the k-th smallest pts: ``pts[k]``, fed to the decoder as
+    packet number ``pos[k]`` (decode order). ``keys`` are the decode positions
+    of keyframes and ``key_pts`` their pts.
+    """
+
+    pts: list[int]
+    pos: list[int]
+    keys: list[int]
+    key_pts: list[int]
+    fps: float | None
+    #: "mp4 index" (the sample table) or "packet index" (a demux pass)
+    source: str = "packet index"
+
+
+def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
+        return (lambda offset, length: bytes(view[offset:offset + length])), len(view)
+    size = source.seek(0, io.SEEK_END)
+
+    def read_at(offset: int, length: int) -> bytes:
+        source.seek(offset)
+        return source.read(length)
+
+    return read_at, size
+
+
+def _sorted_index(pts: list[tuple[int, int]], keys: list[int], key_pts: list[int],
+                  header: int, fps: float | None, source: str) -> VideoIndex | None:
+    if not pts or len(pts) != header or not keys or keys[0] != 0:
+        return None
+    pts.sort()
+    if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
+        return None
+    return VideoIndex([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
+
+
+def _index_from_mp4(source: Source) -> VideoIndex | None:
+    """The index from the MP4 sample table: FFmpeg's decode times plus the
+    ``ctts`` composition offsets (`mp4index`). Reads the boxes, not the frames."""
+    read_at, size = _read_at(source)
+    try:
+        found = video_composition_offsets(read_at, size)
+    except Exception:  # noqa: BLE001 - not an MP4 this reader understands
+        return None
+    if found is None:
+        return None
+    offsets, count = found
+    with _open(source) as container:
+        if "mp4" not in container.format.name or not container.streams.video:
+            return None
+        stream = container.streams.video[0]
+        entries = stream.index_entries
+        if len(entries) != count or (offsets and len(offsets) != count):
+            return None
+        pts: list[tuple[int, int]] = []
+        keys: list[int] = []
+        key_pts: list[int] = []
+        for i, entry in enumerate(entries):
+            if entry.is_discard:
+                return None
+            t = entry.timestamp + (offsets[i] if offsets else 0)
+            if entry.is_keyframe:
+                keys.append(i)
+                key_pts.append(t)
+            pts.append((t, i))
+        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
+                             "mp4 index")
+
+
+def _index_from_packets(source: Source) -> VideoIndex | None:
+    """The index from a demux pass (every packet read, none decoded)."""
+    with _open(source) as container:
+        if not container.streams.video:
+            return None
+        stream = container.streams.video[0]
+        pts: list[tuple[int, int]] = []
+        keys: list[int] = []
+        key_pts: list[int] = []
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue
+            if packet.pts is None or packet.is_discard or packet.is_corrupt:
+                return None
+            if packet.is_keyframe:
+                keys.append(len(pts))
+                key_pts.append(packet.pts)
+            pts.append((packet.pts, len(pts)))
+        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
+                             "packet index")
+
+
+def read_video_index(source: Source) -> VideoIndex | None:
+    """The packet index, or None where frame k cannot be told from it for sure
+    (a packet without pts, repeated pts, packets the decoder discards (edit
+    lists), or a count unlike the header's): such clips are decoded sequentially.
+
+    An MP4 is indexed from its sample table (no frame is read: a clip read by
+    range costs its index, then only the GOPs of kept frames); other
+    containers, or an MP4 whose table this cannot read, by a demux pass.
+    """
+    try:
+        return _index_from_mp4(source) or _index_from_packets(source)
+    except Exception:  # noqa: BLE001 - the sequential path reports what is wrong
+        return None
+
+
+def _key_for(index: VideoIndex, k: int) -> int | None:
+    """Decode position of the keyframe to start from for frame k: the last one
+    before it in decode order that it does not display before (a frame shown
+    before its keyframe, an open GOP's leading frame, needs the one before)."""
+    j = bisect.bisect_right(index.keys, index.pos[k]) - 1
+    while j >= 0 and index.key_pts[j] > index.pts[k]:
+        j -= 1
+    return index.keys[j] if j >= 0 else None
+
+
+def decode_plan(index: VideoIndex,
+                wanted: list[int]) -> tuple[list[tuple[int, list[int]]], int, int]:
+    """Segments ``(keyframe decode position, frames)`` for the seek path, and the
+    frames it and sequential decoding would feed the decoder.
+
+    Frames are taken in presentation order; a frame joins the current segment
+    when decoding on from there is no dearer than a seek to its own keyframe
+    (`SEEK_COST_FRAMES` per seek). A pure function of the index; the first
+    segment starts at packet 0 (frame 0 is always kept and is the first keyframe).
+    A frame with no keyframe before it raises ValueError.
+    """
+    frames = sorted(set(wanted))
+    segments: list[tuple[int, list[int]]] = []
+    cost = 0
+    fed = -1  # the last decode position fed so far
+    for k in frames:
+        key = _key_for(index, k)
+        if key is None:
+            raise _Surprise(f"frame {k} has no keyframe before it")
+        need = index.pos[k]
+        onward = max(0, need - fed)
+        jump = need - key + 1 + SEEK_COST_FRAMES
+        if segments and onward <= jump:
+            segments[-1][1].append(k)
+            cost += onward
+        else:
+            segments.append((key, [k]))
+            cost += jump
+        fed = max(fed, need)
+    sequential = max(index.pos[k] for k in frames) + 1
+    return segments, cost, sequential
+
+
+def _first_frame(frame: av.VideoFrame, n_out: int, image_settings: ImageSettings,
+                 video_settings: VideoSettings, where: str) -> tuple[int, int, np.ndarray]:
+    """One target for the whole clip, from its first frame."""
+    w, h = frame.width, frame.height
+    if w * h > image_settings.max_image_pixels:
+        raise BadSampleError("decompression_bomb", where, f"frames are {w}x{h}")
+    budget = video_settings.max_pixels_per_frame
+    th, tw = target_size(h, w, image_settings, where, max_pixels=budget)
+    return th, tw, np.empty((n_out, th, tw, 3), dtype=np.uint8)
+
+
+def _decode_sequential(
+    source: Source,
     num_frames: int | None,
     image_settings: ImageSettings,
     video_settings: VideoSettings,
@@ -110,10 +352,11 @@ def _decode(
     over-counted and `seen` is the true count.
     """
     tp = image_settings.temporal_patch_size
-    with av.open(io.BytesIO(data), mode="r") as container:
+    with _open(source) as container:
         if not container.streams.video:
             raise BadSampleError("corrupt_video", where, "no video stream")
         stream = container.streams.video[0]
+        _threads(stream, video_settings)
         n = stream.frames if num_frames is None else num_frames
         if n <= 0:
             return sum(1 for _ in container.decode(stream)), [], None
@@ -125,13 +368,9 @@ def _decode(
         th = tw = seen = 0
         for k, frame in enumerate(container.decode(stream)):
             seen = k + 1
-            if k == 0:  # one target for the whole clip, from the first frame
-                w, h = frame.width, frame.height
-                if w * h > image_settings.max_image_pixels:
-                    raise BadSampleError("decompression_bomb", where, f"frames are {w}x{h}")
-                budget = video_settings.max_pixels_per_frame
-                th, tw = target_size(h, w, image_settings, where, max_pixels=budget)
-                out = np.empty((len(indices), th, tw, 3), dtype=np.uint8)
+            if k == 0:
+                th, tw, out = _first_frame(frame, len(indices), image_settings,
+                                           video_settings, where)
             if k in slots:
                 arr = resize_rgb(frame.to_image(), th, tw, image_settings)
                 for slot in slots[k]:
@@ -141,26 +380,215 @@ def _decode(
         return seen, indices, out
 
 
-def process_video(
-    data: bytes,
+def _seek_plan(index: VideoIndex | None, image_settings: ImageSettings,
+               video_settings: VideoSettings) -> tuple[list[int], list, VideoIndex, str] | str:
+    """The kept indices and the seek plan, or why sequential decoding is the
+    choice (no usable index, or "auto" and the plan saves too little).
+    Depends only on the bytes and the settings."""
+    if index is None:
+        return "no usable packet index"
+    indices = sample_frame_indices(len(index.pts), index.fps, video_settings,
+                                   image_settings.temporal_patch_size)
+    try:
+        segments, cost, sequential = decode_plan(index, indices)
+    except _Surprise as e:
+        return str(e)
+    fed = f"the plan feeds {cost} packets, sequential {sequential}"
+    if video_settings.decode == "auto" and cost > SEEK_SHARE * sequential:
+        return f"dense: {fed}"
+    return indices, segments, index, fed
+
+
+def _decode_seek(source: Source, indices: list[int], segments: list, index: VideoIndex,
+                 image_settings: ImageSettings, video_settings: VideoSettings,
+                 where: str) -> np.ndarray:
+    """Decode each segment from its keyframe; raises _Surprise where a decoded
+    frame is not the one the index predicts (then the caller decodes sequentially)."""
+    slots: dict[int, list[int]] = {}
+    for slot, idx in enumerate(indices):
+        slots.setdefault(idx, []).append(slot)
+    where_pts = {p: k for k, p in enumerate(index.pts)}
+    shift: int | None = None  # FFmpeg's pts minus the index's (learnt from packet 0)
+    out: np.ndarray | None = None
+    th = tw = 0
+    with _open(source) as container:
+        stream = container.streams.video[0]
+        _threads(stream, video_settings)
+        for key, frames in segments:
+            key_pts = index.key_pts[index.keys.index(key)]
+            if key != 0:
+                assert shift is not None  # the first segment starts at packet 0
+                container.seek(key_pts + shift, backward=True, any_frame=False, stream=stream)
+            expect = where_pts[key_pts]
+            last = frames[-1]
+            first_packet = True
+            done = False
+            for packet in container.demux(stream):
+                if first_packet and packet.size:
+                    if packet.pts is None or not packet.is_keyframe:
+                        raise _Surprise("a segment does not start at a keyframe")
+                    if shift is None:
+                        shift = packet.pts - key_pts
+                    if packet.pts != key_pts + shift:
+                        raise _Surprise(f"seek landed on pts {packet.pts}, not {key_pts + shift}")
+                    first_packet = False
+                for frame in packet.decode():
+                    if frame.pts is None or shift is None:
+                        raise _Surprise("a frame without pts")
+                    if frame.pts < key_pts + shift:  # before the keyframe: stale or leading
+                        continue
+                    k = where_pts.get(frame.pts - shift)
+                    if k != expect:
+                        raise _Surprise(f"decoded pts {frame.pts}, not frame {expect}'s")
+                    expect += 1
+                    if k == 0:
+                        th, tw, out = _first_frame(frame, len(indices), image_settings,
+                                                   video_settings, where)
+                    if k in slots:
+                        if out is None:
+                            raise _Surprise("a kept frame before the first frame")
+                        arr = resize_rgb(frame.to_image(), th, tw, image_settings)
+                        for slot in slots[k]:
+                            out[slot] = arr
+                    if k == last:
+                        done = True
+                        break
+                if done:
+                    break
+            if not done:
+                raise _Surprise(f"the clip ended before frame {last}")
+    if out is None:
+        raise _Surprise("the first frame was not decoded")
+    return out
+
+
+def _decode_today(source: Source, image_settings: ImageSettings,
+                  video_settings: VideoSettings, where: str) -> np.ndarray:
+    """Sequential decoding, recounting the frames when the header's count is wrong."""
+    seen, indices, frames = _decode_sequential(source, None, image_settings, video_settings,
+                                               where)
+    if frames is None or seen <= indices[-1]:  # no or wrong count in the header
+        if seen == 0:
+            raise BadSampleError("corrupt_video", where, "no decodable frames")
+        seen, indices, frames = _decode_sequential(source, seen, image_settings,
+                                                   video_settings, where)
+        if frames is None or seen <= indices[-1]:
+            raise BadSampleError("corrupt_video", where, "frame count changed between passes")
+    return frames
+
+
+def decode_frames(
+    data: Source,
     image_settings: ImageSettings,
     video_settings: VideoSettings,
     where: str = "?",
-) -> VisionPatches:
-    """Encoded video bytes -> temporal patch rows; bad input raises BadSampleError."""
-    warn_if_not_simd()
-    if not data:
+) -> tuple[np.ndarray, str]:
+    """The kept frames (uint8 ``[T, H, W, 3]``, resized) and how they were reached:
+    ``"seek (mp4 index): <packets fed>"``, ``"seek (packet index): ..."``,
+    ``"sequential"``, or ``"sequential: <why not seek>"``.
+
+    Bad input raises BadSampleError. The frames do not depend on
+    `video_settings.decode` or `decoder_threads` (see the module docstring).
+    """
+    if isinstance(data, bytes | bytearray | memoryview) and not data:
         raise BadSampleError("corrupt_video", where, "empty input")
+    how = "sequential"
+    if video_settings.decode != "sequential":
+        try:
+            plan = _seek_plan(read_video_index(data), image_settings, video_settings)
+            if isinstance(plan, str):
+                how = f"sequential: {plan}"
+            else:
+                frames = _decode_seek(data, *plan[:3], image_settings, video_settings, where)
+                return frames, f"seek ({plan[2].source}): {plan[3]}"
+        except (BadSampleError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - _Surprise or a seek failure: decode as before
+            how = f"sequential: {type(e).__name__}: {e}"
     try:
-        seen, indices, frames = _decode(data, None, image_settings, video_settings, where)
-        if frames is None or seen <= indices[-1]:  # no or wrong count in the header
-            if seen == 0:
-                raise BadSampleError("corrupt_video", where, "no decodable frames")
-            seen, indices, frames = _decode(data, seen, image_settings, video_settings, where)
-            if frames is None or seen <= indices[-1]:
-                raise BadSampleError("corrupt_video", where, "frame count changed between passes")
+        return _decode_today(data, image_settings, video_settings, where), how
     except (BadSampleError, MemoryError):
         raise
     except Exception as e:  # PyAV / FFmpeg / PIL failures on bad bytes
         raise BadSampleError("corrupt_video", where, f"{type(e).__name__}: {e}") from None
+
+
+def process_video(
+    data: Source,
+    image_settings: ImageSettings,
+    video_settings: VideoSettings,
+    where: str = "?",
+) -> VisionPatches:
+    """Encoded video (bytes, or a seekable binary file object) -> temporal patch rows.
+
+    Bad input raises BadSampleError; see `decode_frames`.
+    """
+    warn_if_not_simd()
+    frames, _ = decode_frames(data, image_settings, video_settings, where)
     return finish_patches(frames, image_settings)
+
+
+def video_location(ref: Any, video_folder: str | None, where: str = "?") -> str:
+    """Where the video a sample names lives: `ref` joined to `video_folder`.
+
+    `ref` is the sample's own content, so a bad one is a bad sample
+    (``bad_video_ref``: not a non-empty relative path, or one that climbs out of
+    the folder with ``..``; an absolute path or URL in a sample is refused, so
+    a dataset cannot read files outside its folder). No `video_folder` is a
+    configuration error.
+    """
+    if not isinstance(ref, str) or not ref.strip():
+        raise BadSampleError("bad_video_ref", where, f"'video' is {ref!r}, not a relative path")
+    parts = ref.replace("\\", "/").split("/")
+    if scheme_of(ref) or ref.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+        raise BadSampleError("bad_video_ref", where, f"'video' {ref!r} must be a path relative "
+                             "to VideoSettings.video_folder, without '..'")
+    if video_folder is None:
+        raise ConfigError(f"{where} names the video {ref!r}, but VideoSettings.video_folder is "
+                          "not set: set it (recipe video: {video_folder: <folder or URL>}) to "
+                          "the folder the samples' video paths are relative to")
+    if is_remote(video_folder):
+        return f"{video_folder.rstrip('/')}/{ref}"
+    return os.path.join(video_folder, ref)
+
+
+class _VideoFile(StoredFileIO):
+    """A `StoredFileIO` that closes its stored file: one referenced video, read by range."""
+
+    def close(self) -> None:
+        self.stored.close()
+
+    def __enter__(self) -> _VideoFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_video_reference(ref: Any, video_folder: str | None, where: str = "?") -> _VideoFile:
+    """A seekable file object over the video a sample names (see `video_location`),
+    for `process_video`: an MP4 is then read by range (its index, then the GOPs of
+    the kept frames; see docs/video.md).
+
+    A missing file raises FileNotFoundError naming the sample, the path and the
+    folder: an I/O error stops the run, never a drop (the same sample would be
+    dropped on one run and kept on another). Storage errors propagate as
+    `zephon_core.data.storage` raises them (retried first).
+    """
+    location = video_location(ref, video_folder, where)
+    try:
+        return _VideoFile(open_shard(location))
+    except BadSampleError as e:
+        if e.reason != "missing_shard":
+            raise
+    except FileNotFoundError:
+        pass
+    raise FileNotFoundError(f"{where}: the video {ref!r} it names is not at {location} "
+                            f"(VideoSettings.video_folder={video_folder!r}); fix the folder "
+                            "setting, copy the video there, or remove the sample")
+
+
+def read_video_reference(ref: Any, video_folder: str | None, where: str = "?") -> bytes:
+    """All bytes of the video a sample names (see `open_video_reference`)."""
+    with open_video_reference(ref, video_folder, where) as f:
+        return f.read()

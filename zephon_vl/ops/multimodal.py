@@ -31,7 +31,7 @@ from zephon_core.ops.text import TokenizerTransform
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
-from zephon_vl.media.video import VideoSettings, process_video
+from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
 
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
 IMAGE_PLACEHOLDER = "<image>"
@@ -148,6 +148,8 @@ class DecodeVision(Transform):
             vid = process_video(sample["mp4"], self.image, self.video, f"{where}.mp4")
             return {**base, "kind": "caption", "text": caption, "vision": [vid],
                     "video": [True]}
+        if isinstance(meta, dict) and "video" in meta:  # a video by reference (video_folder)
+            return self._referenced_video(sample, meta, base, where)
         if indexed:
             if not isinstance(meta, dict) or not isinstance(meta.get("text"), list):
                 raise BadSampleError("missing_caption", where,
@@ -176,6 +178,24 @@ class DecodeVision(Transform):
         if not caption:
             raise BadSampleError("missing_caption", where, "image without txt or json caption")
         return {**base, "kind": "caption", "text": caption, "vision": [img], "video": [False]}
+
+
+    def _referenced_video(self, sample: dict, meta: dict, base: dict, where: str) -> dict:
+        """``json {"video": "clips/a.mp4", ...}``: the clip is read from
+        `VideoSettings.video_folder` by range; a caption (txt, or json
+        ``caption``) or ``conversations`` whose ``<image>`` stands for the clip."""
+        with open_video_reference(meta["video"], self.video.video_folder, where) as f:
+            vid = process_video(f, self.image, self.video, f"{where}:{meta['video']}")
+        if isinstance(meta.get("conversations"), list):
+            return {**base, "kind": "conversation",
+                    "turns": [_turn(t, where) for t in meta["conversations"]],
+                    "vision": [vid], "video": [True]}
+        caption = _text_member(sample, "txt")
+        if caption is None and isinstance(meta.get("caption"), str):
+            caption = meta["caption"]
+        if not caption:
+            raise BadSampleError("missing_caption", where, "video without txt or json caption")
+        return {**base, "kind": "caption", "text": caption, "vision": [vid], "video": [True]}
 
 
 class TokenizeMultimodal(TokenizerTransform):
