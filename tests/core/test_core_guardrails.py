@@ -185,6 +185,23 @@ def test_rank_count_must_divide_lanes():
         Loader(recipe, 4, 4, Execution(runner="inline"))
 
 
+@pytest.mark.parametrize("field", ["workers", "runners"])
+def test_workers_for_an_operator_the_recipe_lacks_are_refused(field):
+    """`--workers decod=2` (a typo) used to be accepted and do nothing."""
+    recipe = build_recipe(BASE)
+    value = {"decod": 2} if field == "workers" else {"decod": "threads"}
+    with pytest.raises(ConfigError, match=r"\['decod'\], which this recipe does not run; its "
+                       r"operators with workers: read, tokens"):
+        Loader(recipe, 0, 1, Execution(runner="inline", **{field: value}))
+
+
+def test_cli_refuses_workers_of_an_unknown_operator(capsys):
+    from zephon_vl.cli.main import main
+
+    assert main(["digest", "--recipe", "text-demo", "--steps", "1", "--workers", "decod=2"]) == 2
+    assert "['decod'], which this recipe does not run" in capsys.readouterr().err
+
+
 def test_default_prefetch_gives_every_worker_two_groups():
     """Execution only: few lanes get more groups in flight, many lanes fewer (at least 2)."""
     from zephon_core.engine.plan import Plan

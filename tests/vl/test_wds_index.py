@@ -290,3 +290,27 @@ def test_shards_from_folder_pairs_files(tmp_path: Path, caplog: pytest.LogCaptur
         {"__key__": "e_v2", "jpg": b"JPG-e", "txt": b"an e"},
         {"__key__": "sub/f", "jpg": b"JPG-f", "json": b"{}", "txt": b"an f"},
     ]
+
+
+def test_a_zero_byte_tar_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """An interrupted copy used to be indexed as an empty shard without a word."""
+    empty = tmp_path / "shard-000001.tar"
+    empty.write_bytes(b"")
+    with pytest.raises(ZephonError, match=r"shard-000001.tar: the file is empty \(0 bytes\)"):
+        WebDatasetReader([empty]).shard_len(0)
+
+
+def test_a_dataset_without_samples_names_its_files(tmp_path: Path) -> None:
+    import tarfile
+
+    from zephon_core import ConfigError, Execution, Loader, qwen_tokenizer_dir
+    from zephon_vl import vlm_recipe
+
+    shard = tmp_path / "nothing-000000.tar"
+    with tarfile.open(shard, "w"):
+        pass
+    recipe = vlm_recipe({"photos": [str(shard)]}, qwen_tokenizer_dir(), num_lanes=1,
+                        global_batch_size=1)
+    with pytest.raises(ConfigError, match=r"dataset 0 \('photos'\) has no samples in its 1 "
+                       r"shard\(s\): nothing-000000.tar"):
+        Loader(recipe, 0, 1, Execution(runner="inline"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.data.readers import shard_lengths
-from zephon_core.data.sources import DatasetOrder, LaneSource
+from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
 from zephon_core.data.storage import storage_settings
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
@@ -30,6 +30,13 @@ from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Origin
 
 log = logging.getLogger(__name__)
+
+
+def empty_dataset_message(j: int, dataset: Dataset, shards: int) -> str:
+    names = [str(dataset.reader.describe_shard(s).get("name", s)) for s in range(min(shards, 3))]
+    where = f"{shards} shard(s): {', '.join(names)}{', ...' if shards > 3 else ''}"
+    return (f"dataset {j} ({dataset.name!r}) has no samples in its {where}; check its paths "
+            "and that the files hold samples")
 
 
 @dataclass
@@ -119,6 +126,9 @@ class Loader:
             self.fingerprint = recipe.fingerprint()
             self._keys = reader_keys(recipe) if self.digests else None
             sizes = [shard_lengths(d.reader) for d in recipe.datasets]
+            for j, sz in enumerate(sizes):
+                if not sum(sz):
+                    raise ConfigError(empty_dataset_message(j, recipe.datasets[j], len(sz)))
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()

@@ -48,6 +48,11 @@ class Plan:
         if extra:
             raise ConfigError(f"only the last operator may combine elements into rows; move or "
                               f"remove {extra}")
+        transforms = [o.name for o in ops if isinstance(o, Transform)]
+        unknown = sorted((set(execution.workers) | set(execution.runners)) - set(transforms))
+        if unknown:
+            raise ConfigError(f"workers or runners set for {unknown}, which this recipe does not "
+                              f"run; its operators with workers: {', '.join(transforms)}")
         self.ops = ops
         self.execution = execution
         self.digests = digests

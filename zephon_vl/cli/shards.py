@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from zephon_vl.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", help="images (jpg/png/webp) with captions name.txt or name.json")
+    p.add_argument("folder", help="images (jpg, png, webp, gif, bmp, tiff) with captions name.txt or name.json")
     p.add_argument("out", help="output folder for shard-NNNNNN.tar")
     p.add_argument("--samples-per-shard", type=int, default=256)
     p.add_argument("--prefix", default="shard")
@@ -18,7 +19,13 @@ def _args(p: argparse.ArgumentParser) -> None:
 def cmd_shards(args: argparse.Namespace) -> int:
     from zephon_vl.wds.writer import shards_from_folder
 
-    paths = shards_from_folder(args.folder, args.out, args.samples_per_shard, args.prefix)
+    skipped: list = []
+    try:
+        paths = shards_from_folder(args.folder, args.out, args.samples_per_shard, args.prefix,
+                                   skipped=skipped)
+    finally:
+        for path, reason in skipped:
+            print(f"{path}: skipped: {reason}", file=sys.stderr)
     for p in paths:
-        print(p)
+        print(p.resolve())
     return 0

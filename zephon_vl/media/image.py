@@ -57,8 +57,9 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 #: Sample member (and image file) extensions that hold an image: what the shard
-#: writer packs, and what the decoder looks for in a sample.
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+#: writer packs, and what the decoder looks for in a sample. A GIF is its first
+#: frame (an animated GIF is not read as a clip), a multi-page TIFF its first page.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 
 Image.init()
 #: Formats we try to open. PIL would otherwise probe dozens of exotic plugins,

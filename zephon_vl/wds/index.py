@@ -285,6 +285,11 @@ def scan_shard(path: str | Path, content_hash: bool = True, retry: Any = None) -
     name = base_name(location)
     stored = open_shard(location, retry)
     try:
+        if stored.size == 0:
+            raise ZephonError(
+                f"cannot index {location}: the file is empty (0 bytes), e.g. a copy that was "
+                "interrupted; copy it again, or leave it out of the dataset"
+            )
         if stored.read_at(0, 2) == b"\x1f\x8b":
             raise ZephonError(
                 f"cannot index {location}: it is gzip-compressed, and compressed shards cannot "
@@ -295,6 +300,8 @@ def scan_shard(path: str | Path, content_hash: bool = True, retry: Any = None) -
         size, identity = stored.size, stored.identity
     finally:
         stored.close()
+    if not samples.keys:
+        log.warning("%s: a tar without samples (%d bytes)", location, size)
     if samples.bad:
         first = [f"{samples.keys[i]}: {r}" for i, (r, _) in sorted(samples.bad.items())[:3]]
         log.warning("%s: %d unreadable sample(s), e.g. %s", location, len(samples.bad), first)

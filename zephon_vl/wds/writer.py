@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from zephon_core import ConfigError
 from zephon_vl.media.image import IMAGE_EXTS
 
 log = logging.getLogger(__name__)
@@ -86,25 +87,33 @@ def write_shards(
     return written
 
 
-def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
-    """Samples of `folder`: each image with the caption files of the same name."""
+def _folder_samples(folder: Path, skipped: list[tuple[Path, str]]) -> Iterator[dict[str, Any]]:
+    """Samples of `folder`: each image with the caption files of the same name.
+
+    Every file that becomes no part of a sample is appended to `skipped` with
+    the reason, in path order.
+    """
     groups: dict[Path, dict[str, Path]] = {}
-    for p in folder.rglob("*"):
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file():
+            continue
         ext = p.suffix.lower()
-        if p.is_file() and (ext in IMAGE_SUFFIXES or ext in CAPTION_EXTS):
+        if ext in IMAGE_SUFFIXES or ext in CAPTION_EXTS:
             groups.setdefault(p.with_suffix(""), {})[ext] = p
-    no_caption = orphans = 0
+        else:
+            skipped.append((p, f"not an image ({', '.join(IMAGE_EXTS)}) or a caption "
+                               "(.txt, .json)"))
+    no_caption = 0
     seen: dict[str, Path] = {}
     for stem in sorted(groups, key=lambda q: q.relative_to(folder).as_posix()):
         files = groups[stem]
         images = sorted(e for e in files if e in IMAGE_SUFFIXES)
         if not images:
-            orphans += 1
+            skipped += [(files[e], "a caption without an image of the same name")
+                        for e in sorted(files)]
             continue
-        if len(images) > 1:
-            log.warning(
-                "%s: several images share this name (%s); using %s", stem, images, images[0]
-            )
+        skipped += [(files[e], f"another image has the same name ({files[images[0]].name} "
+                               "is used)") for e in images[1:]]
         rel = stem.relative_to(folder).as_posix()
         # WebDataset keys end at the first dot of the basename.
         head, _, base = rel.rpartition("/")
@@ -128,8 +137,6 @@ def _folder_samples(folder: Path) -> Iterator[dict[str, Any]]:
             folder,
             no_caption,
         )
-    if orphans:
-        log.info("%s: %d caption file(s) without an image were skipped", folder, orphans)
 
 
 def shards_from_folder(
@@ -137,14 +144,23 @@ def shards_from_folder(
     out_dir: str | Path,
     samples_per_shard: int = 256,
     prefix: str = "shard",
+    skipped: list[tuple[Path, str]] | None = None,
 ) -> list[Path]:
-    """Shard a folder (searched recursively) of ``name.jpg|jpeg|png|webp`` + ``name.txt|json``.
+    """Shard a folder (searched recursively) of images (`IMAGE_EXTS`) + ``name.txt|json``.
 
     Sorted by relative path so the shards are the same on every run. The key
     is the relative path without extension, dots in the file name replaced by
-    ``_`` (a dot would end the WebDataset key).
+    ``_`` (a dot would end the WebDataset key). Files that become no part of a
+    sample go to `skipped` as ``(path, reason)``; a folder without any image
+    is refused (ConfigError) rather than giving an empty data set.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
-    return write_shards(_folder_samples(folder), out_dir, prefix, samples_per_shard)
+    skipped = [] if skipped is None else skipped
+    written = write_shards(_folder_samples(folder, skipped), out_dir, prefix, samples_per_shard)
+    if not written:
+        raise ConfigError(f"{folder}: no images to shard ({len(skipped)} file(s) skipped); "
+                          f"images are {', '.join(IMAGE_EXTS)} files, each with an optional "
+                          "caption name.txt or name.json beside it")
+    return written
