@@ -9,7 +9,8 @@ from zephon_vl.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", help="images (jpg, png, webp, gif, bmp, tiff) with captions name.txt or name.json")
+    p.add_argument("folder", help="images (jpg, png, webp, gif, bmp, tiff) with captions "
+                   "name.txt or name.json")
     p.add_argument("out", help="output folder for shard-NNNNNN.tar")
     p.add_argument("--samples-per-shard", type=int, default=256)
     p.add_argument("--prefix", default="shard")
