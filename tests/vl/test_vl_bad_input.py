@@ -284,3 +284,25 @@ def test_resume_keeps_the_drop_record(mixed, dropped_d1) -> None:
     delivered = [o for row in eps[0].metas[0].rows for o, _, _ in row]
     assert sorted(delivered + [o for e in eps2 for o in e.origins()]) == \
         sorted(eps[0].origins())
+
+
+def test_seq_len_below_one_images_tokens_names_the_cause(tmp_path_factory) -> None:
+    """Every document holds an image of more tokens than a row: the stop and the watchdog
+    both say that seq_len is too small and what to change (not the generic stall words)."""
+    from zephon_core import NoRowsError
+    from zephon_vl import ImageSettings, vlm_recipe
+
+    from tests.helpers.vl import demo_shards, tokenizer_dir
+
+    recipe = vlm_recipe(demo_shards(tmp_path_factory), tokenizer_dir(), seq_len=64,
+                        num_lanes=1, global_batch_size=1, image_every_row=False,
+                        image=ImageSettings(max_pixels=256 * 28 * 28, min_pixels=128 * 28 * 28))
+    loader = Loader(recipe, 0, 1, Execution(runner="inline", stall_drops=12))
+    try:
+        with pytest.raises(NoRowsError, match=r"12 over_length.*seq_len 64 is smaller than "
+                           r"these samples.*make images smaller \(max_pixels"):
+            next(iter(loader))
+        report = loader.stall_report(61)
+        assert "no new row for 61 s" in report and "seq_len 64 is smaller" in report
+    finally:
+        loader.close()

@@ -141,20 +141,28 @@ class LaneRun:
         if limit is not None and sum(run.values()) >= limit:
             raise NoRowsError(self._all_dropped_message(origin))
 
-    def _all_dropped_message(self, origin: Origin) -> str:
+    def drop_hints(self) -> list[str]:
+        """What to change, from the reasons of the drops since the lane's last row."""
         run = self.drops_in_a_row
-        counts = ", ".join(f"{n} {r}" for r, n in sorted(run.items(), key=lambda x: -x[1]))
         hints = []
         seq_len = getattr(self.plan.combiner, "seq_len", None)
         if "over_length" in run:
             hints.append(f"seq_len {seq_len} is smaller than these samples: raise the context "
-                         "length (TorchTitan: --training.seq_len) or truncate long documents "
-                         "(overlong='truncate')" if seq_len else
+                         "length (TorchTitan: --training.seq_len), make images smaller "
+                         "(max_pixels; --dataloader.max_pixels), or truncate long text "
+                         "documents (overlong='truncate'; a document with images is never cut)"
+                         if seq_len else
                          "the samples are longer than a row: raise the context length")
         other = sorted(set(run) - {"over_length"})
         if other:
             hints.append(f"check the data and the filters that drop {', '.join(other)} "
                          "(`zephon-vl ledger`/the drop records name every sample)")
+        return hints
+
+    def _all_dropped_message(self, origin: Origin) -> str:
+        run = self.drops_in_a_row
+        counts = ", ".join(f"{n} {r}" for r, n in sorted(run.items(), key=lambda x: -x[1]))
+        hints = self.drop_hints()
         return (f"lane {self.lane} dropped every one of the last {sum(run.values())} samples "
                 f"it drew ({counts}; last {origin.where()}) and made no row from them: "
                 f"{'; '.join(hints)}. The limit is Execution.stall_drops "

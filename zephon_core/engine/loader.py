@@ -222,10 +222,11 @@ class Loader:
         lanes = "; ".join(
             f"lane {run.lane}: {run.draws_since_row} drawn since its last row, drops "
             f"{dict(sorted(run.dropped.items())) or 'none'}" for run in self._runs)
+        hints = sorted({h for run in self._runs for h in run.drop_hints()})
+        why = ("; ".join(hints) if hints else "many drops mean the data does not fit the "
+               "recipe, none mean slow reads or workers (see explain())")
         return (f"zephon: no new row for {seconds:.0f} s on rank {self.dp_rank} (step "
-                f"{self._produced}): {lanes}. Many drops mean the data does not fit the "
-                "recipe (e.g. over_length: seq_len too small); none mean slow reads or "
-                "workers (see explain())")
+                f"{self._produced}): {lanes}. {why}")
 
     def _advance_lanes(self) -> _Step | None:
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
