@@ -289,10 +289,9 @@ def test_resume_keeps_the_drop_record(mixed, dropped_d1) -> None:
 def test_seq_len_below_one_images_tokens_names_the_cause(tmp_path_factory) -> None:
     """Every document holds an image of more tokens than a row: the stop and the watchdog
     both say that seq_len is too small and what to change (not the generic stall words)."""
+    from tests.helpers.vl import demo_shards, tokenizer_dir
     from zephon_core import NoRowsError
     from zephon_vl import ImageSettings, vlm_recipe
-
-    from tests.helpers.vl import demo_shards, tokenizer_dir
 
     recipe = vlm_recipe(demo_shards(tmp_path_factory), tokenizer_dir(), seq_len=64,
                         num_lanes=1, global_batch_size=1, image_every_row=False,
