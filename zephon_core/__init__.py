@@ -73,6 +73,8 @@ _EXPORTS: dict[str, str] = {
     "StageEvent": "zephon_core.engine.observe",
     "StageStats": "zephon_core.engine.observe",
     "Loader": "zephon_core.engine.loader",
+    "Probed": "zephon_core.engine.probe",
+    "probe_dataset": "zephon_core.engine.probe",
     "StepMeta": "zephon_core.engine.loader",
     "Backlog": "zephon_core.engine.backlog",
     "load_state": "zephon_core.engine.checkpoint",

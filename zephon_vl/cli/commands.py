@@ -8,6 +8,7 @@ from zephon_vl.cli import (  # noqa: F401
     elastic,
     index,
     inspect,
+    inspect_data,
     replay,
     shards,
     verify,
