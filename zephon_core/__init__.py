@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "Drained": "zephon_core.engine.loader",
     "StageEvent": "zephon_core.engine.observe",
     "StageStats": "zephon_core.engine.observe",
+    "LoaderMetrics": "zephon_core.engine.metrics",
+    "StageMetrics": "zephon_core.engine.metrics",
     "Loader": "zephon_core.engine.loader",
     "Probed": "zephon_core.engine.probe",
     "probe_dataset": "zephon_core.engine.probe",

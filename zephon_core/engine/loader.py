@@ -21,6 +21,7 @@ from zephon_core.engine.checkpoint import check_state, gather_global_state, make
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
 from zephon_core.engine.ledger import RankLedger, lane_entries, reader_keys
+from zephon_core.engine.metrics import WAIT_WARN_SHARE, LoaderMetrics, recorder_for
 from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
@@ -102,13 +103,22 @@ class Loader:
     gathered over gloo). `digests=True` computes the per-sample digests and
     `StepMeta.ledger` without writing (the simulated ranks write one ledger).
     Neither changes a batch.
+
+    `metrics()` returns a `LoaderMetrics` snapshot (see
+    `zephon_core.engine.metrics` and docs/observability.md); with `on_metrics`
+    it is called with one every `metrics_every` steps. A warning is logged
+    when the consumer waits in ``next()`` more than `wait_warn_share` of its
+    loop (None: never). None of them changes a batch.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
                  execution: Execution | None = None, microbatches: int = 1,
                  runners: dict[int, Runner] | None = None, gather: bool = True,
                  background: bool = False, observer: StageObserver | None = None,
-                 ledger: str | os.PathLike | None = None, digests: bool = False) -> None:
+                 ledger: str | os.PathLike | None = None, digests: bool = False,
+                 on_metrics: Callable[[LoaderMetrics], None] | None = None,
+                 metrics_every: int = 100,
+                 wait_warn_share: float | None = WAIT_WARN_SHARE) -> None:
         self.recipe = recipe
         self.observer = observer
         self.dp_rank = dp_rank
@@ -155,6 +165,8 @@ class Loader:
         self.last_meta: StepMeta | None = None
         self.end_of_data: list[tuple[int, int]] = []
         self._closed = False
+        self.on_metrics, self.metrics_every = on_metrics, metrics_every
+        self._recorder = recorder_for(self, observer, wait_warn_share)
         self._build_lanes(None)
 
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
@@ -164,7 +176,7 @@ class Loader:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs)
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
-                          self.observer, self.backlog)
+                          self._recorder.observe, self.backlog)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
@@ -361,6 +373,14 @@ class Loader:
         self.step = step.meta.step + 1
         if self.ledger is not None and step.meta.ledger is not None:
             self.ledger.record(step.meta.step, step.meta.ledger)
+        self._recorder.delivered(step.meta.step, step.rows, step.meta.drops)
+        if self.on_metrics is not None and self.metrics_every > 0 \
+                and self.step % self.metrics_every == 0:
+            self.on_metrics(self.metrics())
+
+    def metrics(self) -> LoaderMetrics:
+        """This rank's metrics: totals so far, rates since the previous call."""
+        return self._recorder.snapshot()
 
     def _collate(self, rows: list[Row]) -> Any:
         pin = self.execution.pin_memory
@@ -377,6 +397,12 @@ class Loader:
         return batch
 
     def __next__(self) -> Any:
+        self._recorder.next_started(time.monotonic())
+        batch = self._next_batch()
+        self._recorder.next_returned(time.monotonic())
+        return batch
+
+    def _next_batch(self) -> Any:
         if not self.background:
             step = self._advance()
             if step is None:
