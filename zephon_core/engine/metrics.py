@@ -72,12 +72,14 @@ class LoaderMetrics:
     rows: int  #: rows delivered in the window
     samples_per_s: float
     tokens_per_s: float
-    #: the documents' ``costs`` in the window (e.g. ``images``, ``vision_tokens``)
+    #: the documents' ``costs`` in the window (e.g. ``images``, ``vision_tokens``), every
+    #: cost seen so far
     costs: Mapping[str, int]
     costs_per_s: Mapping[str, float]
     fill: float  #: tokens / (rows x seq_len) in the window, 0..1
     drops: Mapping[str, int]  #: samples dropped in the window, by reason
-    #: share of the window's samples / tokens by dataset name (sums to 1 when any)
+    #: share of the window's samples / tokens by dataset name, every dataset (sums to 1
+    #: when the window has any)
     mixture_samples: Mapping[str, float]
     mixture_tokens: Mapping[str, float]
     samples_total: int
@@ -96,7 +98,8 @@ class LoaderMetrics:
     def scalars(self, prefix: str = "zephon/") -> dict[str, float]:
         """Flat ``name -> number`` pairs for a metrics logger (TensorBoard, W&B)."""
         out: dict[str, float] = {}
-        for key in ("wait_s", "wait_last_s", "wait_share", "samples_per_s", "tokens_per_s",
+        out[prefix + "wait_per_step_s"] = self.wait_s / self.steps if self.steps else 0.0
+        for key in ("wait_last_s", "wait_share", "samples_per_s", "tokens_per_s",
                     "fill", "samples_total", "tokens_total", "backlog_bytes",
                     "backlog_peak_bytes", "shm_used_bytes", "worker_restarts"):
             out[prefix + key] = float(getattr(self, key))
@@ -179,6 +182,7 @@ class MetricsRecorder:
         self._recent: deque[tuple[float, float]] = deque(maxlen=WAIT_WARN_STEPS)
         self.wait_warn_share = wait_warn_share
         self._warned_at = -float("inf")
+        self._cost_keys: set[str] = set()  # every cost seen: a dashboard's series never end
 
     # --- inputs --------------------------------------------------------------
     def observe(self, event: StageEvent) -> None:
@@ -287,9 +291,12 @@ class MetricsRecorder:
         loop = (self._call_at or now) - (w.first_call or now) + self.wait_last_s
         held, peak = self._backlog()
 
+        self._cost_keys.update(w.costs)
+        costs = {k: w.costs.get(k, 0) for k in sorted(self._cost_keys)}
+
         def shares(c: Counter) -> dict[str, float]:
             total = sum(c.values())
-            return {k: v / total for k, v in sorted(c.items())} if total else {}
+            return {k: c.get(k, 0) / total if total else 0.0 for k in self._names}
 
         return LoaderMetrics(
             step=self.step, steps=w.steps, window_s=span, wait_s=w.wait_s,
@@ -297,8 +304,7 @@ class MetricsRecorder:
             wait_share=min(1.0, w.wait_s / loop) if loop > 0 else 0.0,
             samples=w.samples, tokens=w.tokens, rows=w.rows,
             samples_per_s=w.samples / span, tokens_per_s=w.tokens / span,
-            costs=dict(sorted(w.costs.items())),
-            costs_per_s={k: v / span for k, v in sorted(w.costs.items())},
+            costs=costs, costs_per_s={k: v / span for k, v in costs.items()},
             fill=w.tokens / (w.rows * self._seq_len) if w.rows else 0.0,
             drops=dict(sorted(w.drops.items())),
             mixture_samples=shares(w.ds_samples), mixture_tokens=shares(w.ds_tokens),

@@ -40,11 +40,17 @@ def cmd_check_batches(args: argparse.Namespace) -> int:
     config = load_titan_config(args.config, args.module)
     overrides = {k: v for k, v in (("recipe", args.recipe), ("runner", args.runner),
                                    ("video_mode", args.video_mode)) if v}
+    from zephon_vl.cli.progress import Progress
+
     reports = []
-    for dp in (int(d) for d in args.dp.split(",")):
+    dps = [int(d) for d in args.dp.split(",")]
+    for k, dp in enumerate(dps):
         try:
-            report = check_titan_batches(config, dp, args.steps or None, args.local_batch_size,
-                                         **overrides)
+            with Progress("zephon-vl check-batches", len(dps), "rank counts") as progress:
+                progress.update(k, f"D={dp}")
+                report = check_titan_batches(config, dp, args.steps or None,
+                                             args.local_batch_size, **overrides)
+                progress.update(k + 1, f"D={dp}")
         except BatchRefused as exc:
             print(f"D={dp}: REFUSED {exc}")
             return 1

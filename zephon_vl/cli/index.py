@@ -33,8 +33,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not args.shards or not args.out:
         raise ConfigError("zephon-vl index: give SHARD... --out MANIFEST (or --refresh "
                           "MANIFEST)")
+    from zephon_vl.cli.progress import Progress
+
     t0 = time.perf_counter()
-    entries = build_manifest(args.shards, args.out, content_hash=not args.no_content_hash)
+    with Progress("zephon-vl index", len(args.shards), "shards") as progress:
+        entries = build_manifest(args.shards, args.out, content_hash=not args.no_content_hash,
+                                 progress=progress.update)
     samples = sum(e.num_samples for e in entries)
     size = sum(e.size for e in entries)
     print(f"{args.out}: {len(entries)} shards, {samples} samples, {size / 1e6:.1f} MB, "

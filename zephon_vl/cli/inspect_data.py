@@ -54,11 +54,15 @@ def inspect_data(recipe: Any, samples: int) -> list[DataReport]:
 
     image = getattr(recipe.collate, "image", None)
     patch = getattr(image, "patch_size", None)
+    from zephon_vl.cli.progress import Progress
+
     reports = []
+    progress = Progress("zephon-vl inspect-data", len(recipe.datasets) * samples, "samples")
     for j, ds in enumerate(recipe.datasets):
         rep = DataReport(j, ds.name, type(ds.reader).__name__, ds.reader.num_shards)
         for got in probe_dataset(recipe, j, samples):
             rep.read += 1
+            progress.update(j * samples + rep.read, ds.name)
             if got.dropped is not None:
                 reason = got.dropped.reason
                 rep.dropped[reason] = rep.dropped.get(reason, 0) + 1
@@ -70,6 +74,7 @@ def inspect_data(recipe: Any, samples: int) -> list[DataReport]:
             _measure(rep, got.payload, patch)
         _warn(rep)
         reports.append(rep)
+    progress.close()
     return reports
 
 

@@ -49,6 +49,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     from zephon_core.engine.simulate import ElasticRun
     from zephon_vl.cli.inspect import read_state
+    from zephon_vl.cli.progress import Progress
 
     state = read_state(args.state)
     start = int(state["step"])
@@ -57,8 +58,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     digests=True) as run:
         if against is not None:
             compare_ledgers(against, Ledger("the checkpoint", run.recipe.fingerprint()))
-        lines = [rec.out.ledger for rec in run.resume(state, args.dp, start + args.steps,
-                                                      ledger=args.ledger)]
+        lines = []
+        with Progress("zephon-vl replay", args.steps, "steps") as progress:
+            for rec in run.resume(state, args.dp, start + args.steps, ledger=args.ledger):
+                lines.append(rec.out.ledger)
+                progress.advance()
     print(f"replayed steps {start}..{start + len(lines) - 1} on D={args.dp}"
           + (f"; ledger written to {args.ledger}" if args.ledger else ""))
     if len(lines) < args.steps:

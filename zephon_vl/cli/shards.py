@@ -18,12 +18,14 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 @command("shards", "write WebDataset shards from a folder of images and captions", _args)
 def cmd_shards(args: argparse.Namespace) -> int:
+    from zephon_vl.cli.progress import Progress
     from zephon_vl.wds.writer import shards_from_folder
 
     skipped: list = []
     try:
-        paths = shards_from_folder(args.folder, args.out, args.samples_per_shard, args.prefix,
-                                   skipped=skipped)
+        with Progress("zephon-vl shards", unit="samples") as progress:
+            paths = shards_from_folder(args.folder, args.out, args.samples_per_shard,
+                                       args.prefix, skipped=skipped, progress=progress.update)
     finally:
         for path, reason in skipped:
             print(f"{path}: skipped: {reason}", file=sys.stderr)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -279,6 +280,7 @@ class ZephonDataLoader(BaseDataLoader):
                              ledger=config.ledger or None)
         self._pending: list[dict[str, Any]] = []
         self._warned_no_vision = False
+        self._waited_s = 0.0  # the trainer's time blocked in __iter__ (zephon_vl.titan.metrics)
         log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
 
     @staticmethod
@@ -305,13 +307,21 @@ class ZephonDataLoader(BaseDataLoader):
     # --- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[dict[str, Any], torch.Tensor]]:
         while True:
+            started = time.perf_counter()
             if not self._pending:
                 try:
                     got = next(self.loader)
                 except StopIteration:
                     return
                 self._pending = list(got) if isinstance(got, list) else [got]
-            yield self.convert(self._pending.pop(0))
+            out = self.convert(self._pending.pop(0))
+            self._waited_s += time.perf_counter() - started
+            yield out
+
+    def take_wait(self) -> float:
+        """Seconds the trainer was blocked in this iterator since the previous call."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
 
     def convert(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
         """One collated zephon micro-batch -> TorchTitan's ``(input_dict, labels)``.

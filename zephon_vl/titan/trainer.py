@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from torchtitan.trainer import Trainer
 
 from zephon_vl.titan.dataloader import ZephonDataLoader
+from zephon_vl.titan.metrics import attach
 
 __all__ = ["ZephonTrainer", "link_batch_sizes", "zephon_trainer_config"]
 
@@ -32,7 +33,13 @@ def link_batch_sizes(config: Trainer.Config) -> None:
 
 
 class ZephonTrainer(Trainer):
-    """TorchTitan's Trainer; only its Config differs (see the module docstring)."""
+    """TorchTitan's Trainer; its Config links batch sizes (see the module docstring) and
+    its metrics logger receives the loader's ``zephon/*`` scalars
+    (`zephon_vl.titan.metrics`, docs/observability.md)."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        attach(self)
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +57,12 @@ def index_folder(manifest: str | os.PathLike) -> Path:
 
 def build_manifest(shards: Sequence[str | os.PathLike], out: str | os.PathLike,
                    content_hash: bool = True, retry: Any = None,
-                   cache_dir: str | os.PathLike | None = None) -> list[ShardEntry]:
-    """Index every shard (reusing valid sidecars) and write the manifest `out` (a local path)."""
+                   cache_dir: str | os.PathLike | None = None,
+                   progress: Callable[[int], None] | None = None) -> list[ShardEntry]:
+    """Index every shard (reusing valid sidecars) and write the manifest `out` (a local path).
+
+    `progress` is called with the number of shards indexed so far after each one.
+    """
     out = Path(out)
     folder = index_folder(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -69,6 +73,8 @@ def build_manifest(shards: Sequence[str | os.PathLike], out: str | os.PathLike,
         rel = f"{folder.name}/{i:06d}-{idx.name}.zidx.json"
         atomic_write(out.parent / rel, json.dumps(idx.to_json(), separators=(",", ":")))
         entries.append(ShardEntry(location, idx.size, idx.identity, len(idx), idx.sha256, rel))
+        if progress is not None:
+            progress(i + 1)
     atomic_write(out, json.dumps(_document(entries), indent=1))
     return entries
 

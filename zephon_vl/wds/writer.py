@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,12 +139,19 @@ def _folder_samples(folder: Path, skipped: list[tuple[Path, str]]) -> Iterator[d
         )
 
 
+def _counted(items: Iterable[Any], progress: Callable[[int], None]) -> Iterator[Any]:
+    for n, item in enumerate(items, 1):
+        yield item
+        progress(n)
+
+
 def shards_from_folder(
     folder: str | Path,
     out_dir: str | Path,
     samples_per_shard: int = 256,
     prefix: str = "shard",
     skipped: list[tuple[Path, str]] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
     """Shard a folder (searched recursively) of images (`IMAGE_EXTS`) + ``name.txt|json``.
 
@@ -152,13 +159,17 @@ def shards_from_folder(
     is the relative path without extension, dots in the file name replaced by
     ``_`` (a dot would end the WebDataset key). Files that become no part of a
     sample go to `skipped` as ``(path, reason)``; a folder without any image
-    is refused (ConfigError) rather than giving an empty data set.
+    is refused (ConfigError) rather than giving an empty data set. `progress` is
+    called with the number of samples read so far.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     skipped = [] if skipped is None else skipped
-    written = write_shards(_folder_samples(folder, skipped), out_dir, prefix, samples_per_shard)
+    samples = _folder_samples(folder, skipped)
+    if progress is not None:
+        samples = _counted(samples, progress)
+    written = write_shards(samples, out_dir, prefix, samples_per_shard)
     if not written:
         raise ConfigError(f"{folder}: no images to shard ({len(skipped)} file(s) skipped); "
                           f"images are {', '.join(IMAGE_EXTS)} files, each with an optional "
