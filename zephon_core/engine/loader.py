@@ -108,7 +108,9 @@ class Loader:
     `zephon_core.engine.metrics` and docs/observability.md); with `on_metrics`
     it is called with one every `metrics_every` steps. A warning is logged
     when the consumer waits in ``next()`` more than `wait_warn_share` of its
-    loop (None: never). None of them changes a batch.
+    loop (None: never). `stage_metrics=False` leaves the stages unobserved
+    (no per-stage busy time, about 2 us less per group of each stage; see
+    docs/observability.md). None of them changes a batch.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
@@ -118,7 +120,8 @@ class Loader:
                  ledger: str | os.PathLike | None = None, digests: bool = False,
                  on_metrics: Callable[[LoaderMetrics], None] | None = None,
                  metrics_every: int = 100,
-                 wait_warn_share: float | None = WAIT_WARN_SHARE) -> None:
+                 wait_warn_share: float | None = WAIT_WARN_SHARE,
+                 stage_metrics: bool = True) -> None:
         self.recipe = recipe
         self.observer = observer
         self.dp_rank = dp_rank
@@ -167,6 +170,7 @@ class Loader:
         self._closed = False
         self.on_metrics, self.metrics_every = on_metrics, metrics_every
         self._recorder = recorder_for(self, observer, wait_warn_share)
+        self._lane_observer = self._recorder.observe if stage_metrics else observer
         self._build_lanes(None)
 
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
@@ -176,7 +180,7 @@ class Loader:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs)
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
-                          self._recorder.observe, self.backlog)
+                          self._lane_observer, self.backlog)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)

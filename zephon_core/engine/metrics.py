@@ -13,7 +13,6 @@ call closes a window and starts the next one.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -170,7 +169,6 @@ class MetricsRecorder:
         self._seq_len = seq_len
         self._chain = chain
         self._restarts, self._backlog, self._shm_used = restarts, backlog, shm_used
-        self._lock = threading.Lock()
         self._events: deque[tuple[int, float, float, int]] = deque(maxlen=MAX_EVENTS)
         self._win = _Window(time.monotonic())
         self.step = 0
@@ -186,8 +184,8 @@ class MetricsRecorder:
 
     # --- inputs --------------------------------------------------------------
     def observe(self, event: StageEvent) -> None:
-        with self._lock:
-            self._events.append((event.stage, event.start, event.end, event.elements))
+        # deque.append and popleft are atomic: no lock between the driver and a reader
+        self._events.append((event.stage, event.start, event.end, len(event.origins)))
         if self._chain is not None:
             self._chain(event)
 
@@ -249,9 +247,12 @@ class MetricsRecorder:
                     "docs/observability.md", 100 * waited / span, len(self._recent), waited,
                     span, 100 * share, slow)
 
+    def _take_events(self) -> list[tuple[int, float, float, int]]:
+        q = self._events
+        return [q.popleft() for _ in range(len(q))]
+
     def _slowest(self, now: float) -> str:
-        with self._lock:
-            events = list(self._events)
+        events = list(self._events)  # a copy: the window goes on
         stages = self._stage_metrics(events, self._win.start, now)
         s = max(stages, key=lambda s: s.utilisation, default=None)
         if s is None:
@@ -263,9 +264,12 @@ class MetricsRecorder:
     def _stage_metrics(self, events: list[tuple[int, float, float, int]], lo: float,
                        hi: float) -> tuple[StageMetrics, ...]:
         span = max(hi - lo, 1e-9)
+        by_stage: dict[int, list[tuple[int, float, float, int]]] = {}
+        for e in events:
+            by_stage.setdefault(e[0], []).append(e)
         out = []
         for i, (name, runner, workers) in enumerate(self._stages):
-            mine = [e for e in events if e[0] == i]
+            mine = by_stage.get(i, [])
             spans = [(s, e) for _, s, e, _ in mine]
             if runner == DRIVER:
                 workers = 1
@@ -281,8 +285,7 @@ class MetricsRecorder:
         """Close the window: its metrics, and the totals so far."""
         now = time.monotonic()
         w = self._win
-        with self._lock:
-            events, self._events = list(self._events), deque(maxlen=MAX_EVENTS)
+        events = self._take_events()
         self._win = _Window(now)
         self.samples_total += w.samples
         self.tokens_total += w.tokens
