@@ -94,3 +94,13 @@ def test_a_loop_that_computes_is_not_warned(caplog):
             next(loader)
             time.sleep(0.05)
     assert "waited" not in caplog.text
+
+
+def test_without_stage_metrics_the_counts_stay_and_the_stages_are_unobserved():
+    with Loader(small_recipe(), execution=Execution(runner="inline"),
+                stage_metrics=False) as loader:
+        for _ in range(2):
+            next(loader)
+        m = loader.metrics()
+    assert m.samples > 0 and m.steps == 2
+    assert all(s.groups == 0 and s.busy_s == 0 for s in m.stages)
