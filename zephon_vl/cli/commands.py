@@ -9,6 +9,7 @@ from zephon_vl.cli import (  # noqa: F401
     index,
     inspect,
     inspect_data,
+    profile,
     replay,
     shards,
     verify,
