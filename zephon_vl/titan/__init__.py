@@ -10,6 +10,8 @@
   so that ``zephon-vl inspect`` reads DCP folders with it.
 * :mod:`zephon_vl.titan.trainer`: ``ZephonTrainer``, TorchTitan's Trainer whose config
   hands ``training.global_batch_size`` to the dataloader (a mismatch is refused at build).
+* :mod:`zephon_vl.titan.metrics`: the loader's ``zephon/*`` scalars in TorchTitan's metrics
+  logger at every log step (``ZephonTrainer`` attaches it; docs/observability.md).
 * :mod:`zephon_vl.titan.config_registry`: ready configurations for
   ``--module zephon_vl.titan --config zephon_llama3_debug`` / ``zephon_qwen35_debug``.
 * :mod:`zephon_vl.testing.titan_cpu`: the patches that make TorchTitan 0.3.0 run on a
