@@ -6,6 +6,8 @@ import logging
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from zephon_core import Execution, Loader, batch_digest, text_demo
 from zephon_core.engine.metrics import WAIT_WARN_STEPS, LoaderMetrics, busy_seconds
@@ -20,6 +22,19 @@ def test_busy_seconds_counts_at_most_workers_groups_at_once():
     assert busy_seconds(spans, 2, 0.0, 3.0) == pytest.approx(5.0)
     assert busy_seconds(spans, 1, 0.0, 3.0) == pytest.approx(3.0)
     assert busy_seconds(spans, 2, 1.5, 2.5) == pytest.approx(1.5)  # clipped to the window
+
+
+spans_st = st.lists(st.tuples(st.floats(0, 10), st.floats(0, 5)).map(lambda p: (p[0], p[0] + p[1])),
+                    max_size=12)
+
+
+@given(spans_st, st.integers(1, 6))
+def test_busy_seconds_bounds(spans, workers):
+    busy = busy_seconds(spans, workers, 0.0, 15.0)
+    assert -1e-9 <= busy <= workers * 15.0 + 1e-9
+    assert busy <= busy_seconds(spans, workers + 1, 0.0, 15.0) + 1e-9  # more workers, more busy
+    if workers >= len(spans):  # never more groups than workers: every span counts in full
+        assert busy == pytest.approx(sum(e - s for s, e in spans), abs=1e-6)
 
 
 def test_metrics_count_exactly_what_the_steps_delivered():
