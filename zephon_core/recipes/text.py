@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_core.data.formats import dataset_reader
 from zephon_core.data.read import Read
 from zephon_core.data.readers import JsonlReader, ParquetReader, ShardReader
 from zephon_core.data.sources import Dataset, ShuffleSettings
@@ -30,7 +31,7 @@ Files = Sequence[str | os.PathLike]
 
 
 def reader_for(files: Files) -> ShardReader:
-    """A JSONL or Parquet reader, chosen by the files' suffix."""
+    """The ``text`` format's reader: JSONL or Parquet, by the files' suffix."""
     paths = [Path(f) for f in files]
     if not paths:
         raise ConfigError("a dataset needs at least one file")
@@ -57,7 +58,8 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     unknown = set(weights) - set(named)
     if unknown:
         raise ConfigError(f"weights name datasets that do not exist: {sorted(unknown)}")
-    datasets = [Dataset(n, reader_for(f), float(weights.get(n, 1.0))) for n, f in named.items()]
+    datasets = [Dataset(n, dataset_reader(f, allowed=("text",)), float(weights.get(n, 1.0)))
+                for n, f in named.items()]
     pad_id = load_tokenizer(tokenizer).pad_token_id or 0
     ops = []
     if shuffle_buffer > 0:
