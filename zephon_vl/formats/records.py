@@ -145,6 +145,24 @@ def load_json_offsets(location: str, cache_dir: str | Path | None = None) -> np.
     return offsets
 
 
+class _ArrowSource(StoredFileIO):
+    """A `StoredFileIO` with the file-object surface ``pyarrow.PythonFile`` asks for."""
+
+    closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class RecordFiles:
     """Records of JSON/JSONL/Parquet files by ``(file, index)``: the raw dicts of a format.
 
@@ -225,7 +243,7 @@ class RecordFiles:
         if found is None:
             f = self.files[s]
             source = (str(local_path(f)) if not is_remote(f)
-                      else pa.PythonFile(StoredFileIO(open_shard(f)), mode="r"))
+                      else pa.PythonFile(_ArrowSource(open_shard(f)), mode="r"))
             found = pq.ParquetFile(source)
             self._pq[s] = found
         return found
