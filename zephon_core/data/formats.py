@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from zephon_core.data.readers import ShardReader
-from zephon_core.errors import ConfigError
+from zephon_core.errors import ConfigError, ZephonError
 
 Files = Sequence[str | os.PathLike]
 
@@ -73,17 +73,78 @@ class DataFormat(Protocol):
 
 class TextFormat:
     """JSONL or Parquet records of text: ``{"text": str}`` or a chat under
-    ``conversations``/``messages`` (the readers zephon always had)."""
+    ``conversations``/``messages`` (the readers zephon always had).
+
+    Each file's first record (a Parquet file's columns) must hold one of
+    those keys, so data of another format is refused by name instead of
+    every record being dropped as ``missing_text``.
+    """
 
     name = "text"
-    fields: Mapping[str, str] = {}
+    fields: Mapping[str, str] = {"text": "text"}
     options: tuple[str, ...] = ()
+    chats = ("conversations", "messages")
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> ShardReader:
         from zephon_core.recipes.text import reader_for
 
-        return reader_for(spec.file_list)
+        reader = reader_for(spec.file_list)
+        wanted = (fields["text"], *self.chats)
+        for s in range(reader.num_shards):
+            keys = _first_keys(reader, s)
+            if keys is not None and not set(wanted) & set(keys):
+                raise ConfigError(
+                    f"{spec.file_list[s]}: its records do not fit format 'text': it needs "
+                    f"{' or '.join(map(repr, wanted))}; saw keys {sorted(keys)[:20]}. Name "
+                    f"the format these files have (known: {', '.join(known_formats())}), or "
+                    f"map a renamed field: fields = {{ text = \"<key>\" }}")
+        if fields["text"] != "text":
+            return RenamedText(reader, fields["text"])
+        return reader
+
+
+def _first_keys(reader: Any, shard: int) -> list[str] | None:
+    """Parquet columns, or the first record's keys; None for an empty file or a first
+    record that is no object (it is dropped as a bad sample when drawn)."""
+    from zephon_core.data.readers import ParquetReader
+
+    if isinstance(reader, ParquetReader):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(reader.paths[shard]).names)
+    if not reader.shard_len(shard):
+        return None
+    try:
+        first = reader.read(shard, 0)
+    except ZephonError:
+        return None
+    return list(first) if isinstance(first, dict) else None
+
+
+class RenamedText:
+    """A text reader whose records keep their text under another key (``fields.text``)."""
+
+    def __init__(self, reader: Any, key: str) -> None:
+        self.reader = reader
+        self.key = key
+
+    @property
+    def num_shards(self) -> int:
+        return self.reader.num_shards
+
+    def shard_len(self, shard: int) -> int:
+        return self.reader.shard_len(shard)
+
+    def describe_shard(self, shard: int) -> dict:
+        return {**self.reader.describe_shard(shard), "fields": {"text": self.key}}
+
+    def read(self, shard: int, index: int) -> Any:
+        record = self.reader.read(shard, index)
+        if isinstance(record, dict) and self.key in record:
+            record = {**{k: v for k, v in record.items() if k != self.key},
+                      "text": record[self.key]}
+        return record
 
 
 _FORMATS: dict[str, DataFormat | str] = {

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zephon_core import BadSampleError, ConfigError
-from zephon_core.data.formats import DatasetSpec, option_path
+from zephon_core.data.formats import DatasetSpec, known_formats, option_path
 from zephon_core.data.storage import base_name, is_remote, read_whole
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordFiles
 
@@ -116,12 +116,12 @@ class RecordFormat:
         folders = {k: option_path(spec, k) for k in ("image_folder", "video_folder")}
         return FormatReader(self, dict(fields), records, folders)
 
-    def missing(self, keys: set[str], fields: Mapping[str, str]) -> str | None:
-        """Why records with `keys` do not fit (None when they do)."""
+    def missing(self, keys: set[str], fields: Mapping[str, str]) -> tuple[str, str] | None:
+        """Why records with `keys` do not fit, and the field to map (None when they fit)."""
         for alternatives in self.required:
             if not any(fields[a] in keys for a in alternatives):
                 names = " or ".join(repr(fields[a]) for a in alternatives)
-                return f"needs {names}"
+                return f"needs {names}", alternatives[0]
         return None
 
     def check_files(self, records: RecordFiles, fields: Mapping[str, str]) -> None:
@@ -134,12 +134,14 @@ class RecordFormat:
             except BadSampleError as exc:
                 raise ConfigError(f"{records.files[s]}: its first record cannot be read as "
                                   f"format {self.name!r}: {exc}") from None
-            why = self.missing(set(keys), fields)
-            if why is not None:
+            found = self.missing(set(keys), fields)
+            if found is not None:
+                why, field_name = found
                 raise ConfigError(
                     f"{records.files[s]}: its records do not fit format {self.name!r}: it "
-                    f"{why}; saw keys {keys[:20]}. Name the right format, or map renamed "
-                    f"fields with fields = {{{', '.join(f'{k} = ...' for k in fields)}}}")
+                    f"{why}; saw keys {keys[:20]}. Name the format these files have "
+                    f"(known: {', '.join(known_formats())}), or map a renamed field: "
+                    f"fields = {{ {field_name} = \"<key>\" }}")
 
     def to_sample(self, record: dict, fields: Mapping[str, str], where: Where) -> dict:
         """The record as a sample (see the module docstring); ``media`` holds references

@@ -33,7 +33,7 @@ from zephon_core.data.storage import (
     read_whole,
     stat_shard,
 )
-from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
