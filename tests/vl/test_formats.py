@@ -295,20 +295,29 @@ def test_parquet_row_group_cache_is_bounded(data) -> None:
     assert len(rows) == reader.shard_len(0)
 
 
-def test_remote_parquet_through_s3_gives_the_local_digests(data, tmp_path, capsys) -> None:
+def test_remote_parquet_and_llava_through_s3_give_the_local_digests(data, tmp_path,
+                                                                     capsys) -> None:
+    """The storage seam serves record files, their offset index and the images they
+    name: a Parquet file and a LLaVA JSON with its image folder on S3 (moto on 127.0.0.1)."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
     from zephon_vl.testing.storage_servers import s3_server
 
-    table, _ = data["parquet"]
-    local = recipe_toml(tmp_path / "local.toml", [table])
-    want = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(local), "--steps", "2"])]
+    cauldron, _ = data["parquet"]
+    llava, _ = data["llava"]
+    images = sorted(str(p) for p in Path(llava["image_folder"]).iterdir())
+    local = recipe_toml(tmp_path / "local.toml", [cauldron, llava])
+    args = ["--steps", "2", "--dp", "2"]
+    want = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(local), *args])]
     with s3_server() as server:
-        urls = server.upload("zephon-formats", table["files"])
-        remote = recipe_toml(tmp_path / "remote.toml", [{**table, "files": urls}])
-        got = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(remote),
-                                                          "--steps", "2"])]
-    assert got == want
+        urls = server.upload("zephon-formats", cauldron["files"] + llava["files"])
+        server.upload("zephon-images", images)
+        remote = recipe_toml(tmp_path / "remote.toml", [
+            {**cauldron, "files": urls[:1]},
+            {**llava, "files": urls[1:], "image_folder": "s3://zephon-images/data"}],
+            index_cache=str(tmp_path / "cache"))
+        got = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(remote), *args])]
+    assert got == want and len(want) == 2
 
 
 def test_unknown_format_lists_the_known_ones(data, tmp_path) -> None:
@@ -375,3 +384,55 @@ def test_unknown_option_and_text_kind_are_refused(data, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"format 'obelics' has images or videos; this recipe "
                        r"kind reads text only"):
         load_recipe(str(toml))
+
+
+def test_webdataset_multi_image_conversations_are_read(tmp_path, hf_tokenizer) -> None:
+    """Numbered images with a chat (LLaVA's from/value or role/content) become one
+    conversation: images where their placeholders are, only assistant turns trained."""
+    from zephon_vl.wds.writer import write_shards
+
+    pics = photos(3)
+    chat = {"conversations": [{"from": "human", "value": "<image> or <image>?"},
+                              {"from": "gpt", "value": "The first."},
+                              {"from": "human", "value": "And <image>?"},
+                              {"from": "gpt", "value": "Neither."}]}
+    sample = {"__key__": "s0", "0.jpg": pics[0][1], "1.jpg": pics[1][1],
+              "2.jpg": pics[2][1], "json": chat}
+    shards = write_shards([sample], tmp_path)
+    reader = dataset_reader(DatasetSpec([str(p) for p in shards], "webdataset"))
+    doc = DecodeVision(IMAGE).decode(reader.read(0, 0))
+    assert doc["kind"] == "conversation" and len(doc["vision"]) == 3
+    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 1 << 16)
+    tok.setup()
+    out = tok.tokenize(doc)
+    rec = {"conversations": chat["conversations"], "image": ["a", "b", "c"]}
+    text = hf_tokenizer.apply_chat_template(llava_messages(rec), chat_template=CHATML,
+                                            tokenize=False)
+    runs = [int(np.prod(g)) // IMAGE.merge_size ** 2 for g in out["grid_thw"]]
+    pad = hf_tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    eos = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    want = expand(hf_tokenizer(text, add_special_tokens=False)["input_ids"], runs, pad)
+    assert out["tokens"].tolist() == want + [eos]
+    trained = hf_tokenizer.decode(out["tokens"][out["targets"]].tolist())
+    assert trained == "The first.<|im_end|>\nNeither.<|im_end|>\n<|endoftext|>"
+
+
+def test_sharegpt_turns_in_text_records_train_the_answers(tmp_path) -> None:
+    """A text record with LLaVA/ShareGPT turns (from/value) once trained only on
+    <|endoftext|>; its gpt turns are now the targets, and an unknown role is a drop."""
+    from zephon_core import BadSampleError
+    from zephon_vl.ops.multimodal import text_document
+
+    doc = text_document({"conversations": [{"from": "human", "value": "hi"},
+                                           {"from": "gpt", "value": "hello there"}]})
+    assert [t["role"] for t in doc["turns"]] == ["user", "assistant"]
+    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 4096)
+    tok.setup()
+    out = tok.tokenize(doc)
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    assert hf.decode(out["tokens"][out["targets"]].tolist()) == \
+        "hello there<|im_end|>\n<|endoftext|>"
+    with pytest.raises(BadSampleError, match="bad_role"):
+        text_document({"conversations": [{"from": "bot", "value": "x"}]})
