@@ -103,9 +103,10 @@ def write_llava(root: Path, records: int = 40) -> tuple[Path, Path, Drops]:
     return path, root / "images", drops
 
 
-def write_cauldron(root: Path, rows: int = 40, row_group: int = 8) -> Path:
+def write_cauldron(root: Path, rows: int = 40, row_group: int = 8) -> tuple[Path, Drops]:
     """the_cauldron's layout through `datasets` itself: ``images`` a ``Sequence(Image())``,
-    ``texts`` a list of ``{user, assistant, source}``; small row groups."""
+    ``texts`` a list of ``{user, assistant, source}``; small row groups. Row 9 lacks its
+    answer (a ``bad_record`` drop, named by its row)."""
     import datasets
 
     pics = photos(10, seed=1)
@@ -115,7 +116,7 @@ def write_cauldron(root: Path, rows: int = 40, row_group: int = 8) -> Path:
         chosen = [pics[(i + j) % len(pics)] for j in range(n)]
         images.append([{"bytes": data, "path": f"{stem}.jpg"} for stem, data, _ in chosen])
         qa = (chosen[0][2] if chosen else pics[i % len(pics)][2])
-        texts.append([{"user": q, "assistant": a, "source": "skimage"}
+        texts.append([{"user": q, "assistant": None if i == 9 else a, "source": "skimage"}
                       for q, a in qa[: 1 + i % 2]])
     features = datasets.Features({
         "images": datasets.Sequence(datasets.Image()),
@@ -125,11 +126,12 @@ def write_cauldron(root: Path, rows: int = 40, row_group: int = 8) -> Path:
     ds = datasets.Dataset.from_dict({"images": images, "texts": texts}, features=features)
     path = root / "cauldron.parquet"
     ds.to_parquet(str(path), batch_size=row_group)
-    return path
+    return path, {"9": "bad_record"}
 
 
-def write_obelics(root: Path, docs: int = 30) -> tuple[Path, Path]:
-    """OBELICS's own ``texts``/``images`` parallel lists, one document a JSON line."""
+def write_obelics(root: Path, docs: int = 30) -> tuple[Path, Path, Drops]:
+    """OBELICS's own ``texts``/``images`` parallel lists, one document a JSON line;
+    document 5 has a position with neither text nor image (``bad_record``)."""
     images = write_images(root / "web", 8, seed=2)
     lines = []
     for i in range(docs):
@@ -139,10 +141,13 @@ def write_obelics(root: Path, docs: int = 30) -> tuple[Path, Path]:
             path, qa = images[(i + j) % len(images)]
             texts += [None, qa[0][1]]
             refs += [path, None]
+        if i == 5:
+            texts.append(None)
+            refs.append(None)
         lines.append(json.dumps({"texts": texts, "images": refs, "url": f"https://e/{i}"}))
     path = root / "obelics.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    return path, root / "web"
+    return path, root / "web", {"5": "bad_record"}
 
 
 def write_messages(root: Path, records: int = 20) -> tuple[Path, Path]:

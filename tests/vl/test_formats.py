@@ -56,16 +56,17 @@ CHATML = (
 def data(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("formats")
     llava, images, drops = write_llava(root / "llava")
-    cauldron = write_cauldron(root / "cauldron")
-    obelics, web = write_obelics(root / "obelics")
+    cauldron, cauldron_drops = write_cauldron(root / "cauldron")
+    obelics, web, obelics_drops = write_obelics(root / "obelics")
     messages, pics = write_messages(root / "messages")
     return {
         "root": root,
         "llava": ({"name": "llava", "format": "llava", "files": [str(llava)],
                    "image_folder": str(images)}, drops),
-        "parquet": ({"name": "cauldron", "format": "parquet", "files": [str(cauldron)]}, {}),
+        "parquet": ({"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
+                    cauldron_drops),
         "obelics": ({"name": "web", "format": "obelics", "files": [str(obelics)],
-                     "image_folder": str(web)}, {}),
+                     "image_folder": str(web)}, obelics_drops),
         "messages": ({"name": "chat", "format": "messages", "files": [str(messages)],
                       "image_folder": str(pics)}, {}),
     }
@@ -417,7 +418,7 @@ def test_webdataset_multi_image_conversations_are_read(tmp_path, hf_tokenizer) -
     assert trained == "The first.<|im_end|>\nNeither.<|im_end|>\n<|endoftext|>"
 
 
-def test_sharegpt_turns_in_text_records_train_the_answers(tmp_path) -> None:
+def test_sharegpt_turns_in_text_records_train_the_answers(hf_tokenizer) -> None:
     """A text record with LLaVA/ShareGPT turns (from/value) once trained only on
     <|endoftext|>; its gpt turns are now the targets, and an unknown role is a drop."""
     from zephon_core import BadSampleError
@@ -429,10 +430,21 @@ def test_sharegpt_turns_in_text_records_train_the_answers(tmp_path) -> None:
     tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 4096)
     tok.setup()
     out = tok.tokenize(doc)
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    assert hf.decode(out["tokens"][out["targets"]].tolist()) == \
+    assert hf_tokenizer.decode(out["tokens"][out["targets"]].tolist()) == \
         "hello there<|im_end|>\n<|endoftext|>"
     with pytest.raises(BadSampleError, match="bad_role"):
         text_document({"conversations": [{"from": "bot", "value": "x"}]})
+
+
+def test_ledger_drops_name_the_record(data, tmp_path, capsys) -> None:
+    """A drop in the per-step ledger names the record (``file:id``) beside its reason."""
+    table, expected = data["llava"]
+    toml = recipe_toml(tmp_path / "l.toml", [table])
+    ledger = tmp_path / "ledger.jsonl"
+    digest_lines(capsys, ["--recipe", str(toml), "--steps", "3", "--ledger", str(ledger)])
+    steps = [json.loads(line) for line in ledger.read_text().splitlines()[1:]]
+    drops = [d for s in steps for d in s["drops"]]
+    assert drops, "the bad records of the first epoch are drawn in three steps"
+    for d in drops:
+        file, _, key = d["key"].partition(":")
+        assert file == "llava.json" and expected[key] == d["reason"]

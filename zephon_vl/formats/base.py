@@ -205,6 +205,19 @@ class FormatReader:
         return {**self.records.describe(shard), "format": self.format.name,
                 "fields": dict(sorted(self.fields.items()))}
 
+    def key(self, shard: int, index: int) -> str:
+        """``file:key`` of a record, as its drops and errors name it (for the ledger: JSON
+        reads the one record; Parquet reads only the row group's ``id`` column)."""
+        name = base_name(self.records.files[shard])
+        try:
+            if "id" in self.fields and self.records.kinds[shard] == "parquet":
+                record = self.records.read_column(shard, index, self.fields["id"])
+            else:
+                record = self.records.read(shard, index)
+        except BadSampleError:  # a record that is no JSON: named by its position
+            record = None
+        return f"{name}:{self.format.key_of(record, self.fields, index)}"
+
     def read(self, shard: int, index: int) -> dict:
         name = base_name(self.records.files[shard])
         record = self.records.read(shard, index)

@@ -255,6 +255,16 @@ class RecordFiles:
         data = self._handle(s).read_at(start, length)
         return loads_sample(data, f"{base_name(self.files[s])} record {i}")
 
+    def read_column(self, s: int, i: int, column: str) -> dict:
+        """``{column: value}`` of Parquet row `i` (``{}`` when the file has no such column),
+        decoding only that column of its row group (not cached)."""
+        if column not in self.columns[s]:
+            return {}
+        starts = self.group_starts[s]
+        g = int(np.searchsorted(starts, i, side="right")) - 1
+        table = self._parquet(s).read_row_group(g, columns=[column])
+        return table.slice(i - int(starts[g]), 1).to_pylist()[0]
+
     def _row(self, s: int, i: int) -> dict:
         starts = self.group_starts[s]
         g = int(np.searchsorted(starts, i, side="right")) - 1
