@@ -87,8 +87,10 @@ def digest_lines(capsys, args: list[str]) -> list[dict]:
 def test_format_recipe_digests_agree_across_d_and_resume(name, data, capsys, tmp_path) -> None:
     table, _ = data[name]
     toml = recipe_toml(tmp_path / f"{name}.toml", [table])
-    runs = {d: digest_lines(capsys, ["--recipe", str(toml), "--dp", str(d), "--steps", "4"])
-            for d in (1, 2)}
+    runs = {1: digest_lines(capsys, ["--recipe", str(toml), "--steps", "4"])}
+    # D = 2 in worker processes (the readers travel pickled), for one format
+    pool = ["--runner", "auto", "--default-workers", "2"] if name == "parquet" else []
+    runs[2] = digest_lines(capsys, ["--recipe", str(toml), "--dp", "2", "--steps", "4", *pool])
     resumed = digest_lines(capsys, ["--recipe", str(toml), "--dp", "4", "--steps", "4",
                                     "--save-at", "2", "--resume-dp", "2"])
     runs[4] = [r for r in resumed if r["phase"] == "run"]
@@ -318,7 +320,10 @@ def test_remote_parquet_and_llava_through_s3_give_the_local_digests(data, tmp_pa
             {**llava, "files": urls[1:], "image_folder": "s3://zephon-images/data"}],
             index_cache=str(tmp_path / "cache"))
         got = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(remote), *args])]
-    assert got == want and len(want) == 2
+        threads = [r["sha256"] for r in digest_lines(capsys, [
+            "--recipe", str(remote), *args, "--runner", "threads", "--default-workers", "3",
+            "--group-size", "2"])]
+    assert got == want and threads == want and len(want) == 2
 
 
 def test_unknown_format_lists_the_known_ones(data, tmp_path) -> None:

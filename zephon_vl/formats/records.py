@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -199,10 +200,18 @@ class RecordFiles:
         self._handles: dict[int, Any] = {}
         self._pq: dict[int, Any] = {}
         self._groups: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._remote_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _check_process(self) -> None:
+        """Handles inherited through fork belong to the parent: start afresh."""
+        if self._pid != os.getpid():
+            self._init_runtime()
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_handles", "_pq", "_groups")}
+                if k not in ("_handles", "_pq", "_groups", "_lock", "_remote_lock", "_pid")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -226,10 +235,11 @@ class RecordFiles:
         return sorted(rec) if isinstance(rec, dict) else [f"<a {type(rec).__name__}>"]
 
     def _handle(self, s: int) -> Any:
-        h = self._handles.get(s)
-        if h is None:
-            h = open_shard(self.files[s])
-            self._handles[s] = h
+        self._check_process()
+        with self._lock:
+            h = self._handles.get(s)
+            if h is None:
+                h = self._handles[s] = open_shard(self.files[s])
         return h
 
     def _parquet(self, s: int) -> Any:
@@ -239,13 +249,14 @@ class RecordFiles:
         except ImportError:
             raise ConfigError("reading Parquet needs pyarrow: pip install "
                               "'zephon-vl[parquet]'") from None
-        found = self._pq.get(s)
-        if found is None:
-            f = self.files[s]
-            source = (str(local_path(f)) if not is_remote(f)
-                      else pa.PythonFile(_ArrowSource(open_shard(f)), mode="r"))
-            found = pq.ParquetFile(source)
-            self._pq[s] = found
+        self._check_process()
+        with self._lock:
+            found = self._pq.get(s)
+            if found is None:
+                f = self.files[s]
+                source = (str(local_path(f)) if not is_remote(f)
+                          else pa.PythonFile(_ArrowSource(open_shard(f)), mode="r"))
+                found = self._pq[s] = pq.ParquetFile(source)
         return found
 
     def read(self, s: int, i: int) -> Any:
@@ -268,13 +279,20 @@ class RecordFiles:
     def _row(self, s: int, i: int) -> dict:
         starts = self.group_starts[s]
         g = int(np.searchsorted(starts, i, side="right")) - 1
-        table = self._groups.get((s, g))
+        pf = self._parquet(s)
+        with self._lock:
+            table = self._groups.get((s, g))
+            if table is not None:
+                self._groups.move_to_end((s, g))
         if table is None:
-            table = self._parquet(s).read_row_group(g)
-            self._groups[(s, g)] = table
-            while len(self._groups) > self.row_group_cache:
-                self._groups.popitem(last=False)
-        else:
-            self._groups.move_to_end((s, g))
+            if is_remote(self.files[s]):  # one file object, one position: one read at a time
+                with self._remote_lock:
+                    table = pf.read_row_group(g)
+            else:
+                table = pf.read_row_group(g)
+            with self._lock:
+                self._groups[(s, g)] = table
+                while len(self._groups) > self.row_group_cache:
+                    self._groups.popitem(last=False)
         return table.slice(i - int(starts[g]), 1).to_pylist()[0]
 
