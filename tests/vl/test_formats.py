@@ -453,3 +453,38 @@ def test_ledger_drops_name_the_record(data, tmp_path, capsys) -> None:
     for d in drops:
         file, _, key = d["key"].partition(":")
         assert file == "llava.json" and expected[key] == d["reason"]
+
+
+def test_llava_next_parquet_layout_is_read(tmp_path, hf_tokenizer) -> None:
+    """LLaVA-NeXT-Data's layout: one ``Image`` column and LLaVA ``conversations``."""
+    import datasets
+
+    pics = photos(4, seed=5)
+    convs = [[{"from": "human", "value": f"<image>\n{qa[0][0]}"},
+              {"from": "gpt", "value": qa[0][1]}] for _, _, qa in pics]
+    convs[1] = [{"from": "human", "value": "Describe it."}, {"from": "gpt", "value": "Sure."}]
+    features = datasets.Features({
+        "id": datasets.Value("string"), "image": datasets.Image(),
+        "conversations": [{"from": datasets.Value("string"),
+                           "value": datasets.Value("string")}]})
+    ds = datasets.Dataset.from_dict(
+        {"id": [f"n{i}" for i in range(4)],
+         "image": [{"bytes": data, "path": f"{stem}.jpg"} for stem, data, _ in pics],
+         "conversations": convs}, features=features)
+    path = tmp_path / "next.parquet"
+    ds.to_parquet(str(path), batch_size=2)
+    reader = dataset_reader(DatasetSpec([str(path)], "parquet"))
+    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 1 << 16)
+    tok.setup()
+    pad = hf_tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    eos = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    for i in range(4):
+        sample = reader.read(0, i)
+        assert sample["__key__"] == f"n{i}"
+        out = tok.tokenize(DecodeVision(IMAGE).decode(sample))
+        msgs = llava_messages({"conversations": convs[i], "image": "x.jpg"})
+        text = hf_tokenizer.apply_chat_template(msgs, chat_template=CHATML, tokenize=False)
+        runs = [int(np.prod(g)) // IMAGE.merge_size ** 2 for g in out["grid_thw"]]
+        assert out["tokens"].tolist() == expand(
+            hf_tokenizer(text, add_special_tokens=False)["input_ids"], runs, pad) + [eos]
+    assert reader.key(0, 3) == "next.parquet:n3"

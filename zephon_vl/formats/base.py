@@ -103,8 +103,6 @@ class RecordFormat:
     options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache")
     #: alternatives of fields a record must have (each a tuple: one of them is enough)
     required: tuple[tuple[str, ...], ...] = ()
-    #: what the files are (for errors)
-    files_are = ".json (a list), .jsonl or .parquet files"
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> FormatReader:

@@ -59,7 +59,6 @@ class HFParquetFormat(RecordFormat):
     fields = {"id": "id", "image": "image", "images": "images", "texts": "texts",
               "conversations": "conversations", "messages": "messages"}
     required = (("texts", "conversations", "messages"),)
-    files_are = ".parquet files"
 
     def to_sample(self, record: dict, fields: Mapping[str, str], where: Where) -> dict:
         refs = as_list(record.get(fields["images"])) or as_list(record.get(fields["image"]))
