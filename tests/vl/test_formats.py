@@ -488,3 +488,23 @@ def test_llava_next_parquet_layout_is_read(tmp_path, hf_tokenizer) -> None:
         assert out["tokens"].tolist() == expand(
             hf_tokenizer(text, add_special_tokens=False)["input_ids"], runs, pad) + [eos]
     assert reader.key(0, 3) == "next.parquet:n3"
+
+
+def test_a_bad_record_raises_naming_file_key_and_cause(data) -> None:
+    from zephon_core import BadSampleError
+
+    table, expected = data["llava"]
+    reader = dataset_reader(spec_of(table))
+    records = [reader.records.read(0, i) for i in range(reader.shard_len(0))]
+    details = {}
+    for i, rec in enumerate(records):
+        if rec.get("id") in expected:
+            with pytest.raises(BadSampleError) as info:
+                reader.read(0, i)
+            assert info.value.reason == expected[rec["id"]]
+            assert info.value.where == f"llava.json:{rec['id']}"
+            details[rec["id"]] = info.value.detail
+    assert details["bad-count"] == ("2 <image> and 0 <video> placeholders for 1 image(s) and "
+                                    "0 video(s)")
+    assert "nowhere/missing.jpg does not exist" in details["bad-file"]
+    assert "'narrator'" in details["bad-role"]
