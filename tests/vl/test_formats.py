@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers.formats import (
     photos,
@@ -508,3 +510,27 @@ def test_a_bad_record_raises_naming_file_key_and_cause(data) -> None:
                                     "0 video(s)")
     assert "nowhere/missing.jpg does not exist" in details["bad-file"]
     assert "'narrator'" in details["bad-role"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=5), json_values, max_size=3), max_size=8),
+       st.sampled_from([None, 0, 1, 2]), st.booleans(), st.sampled_from(["", " ", "\n  "]))
+def test_json_offsets_find_every_record(records, indent, ascii_only, pad) -> None:
+    """Byte offsets of a JSON list's records, whatever its spacing and non-ASCII text,
+    and of JSON Lines, slice out exactly the records."""
+    from zephon_vl.formats.records import json_offsets
+
+    text = pad + json.dumps(records, indent=indent, ensure_ascii=ascii_only) + pad
+    data = text.encode()
+    offsets = json_offsets(data, "t.json")
+    assert [json.loads(data[a:a + n]) for a, n in offsets.T] == records
+    lines = "".join(json.dumps(r, ensure_ascii=ascii_only) + "\n" for r in records).encode()
+    offsets = json_offsets(lines, "t.jsonl")
+    assert [json.loads(lines[a:a + n]) for a, n in offsets.T] == records
