@@ -31,13 +31,12 @@ from zephon_core.ops.contract import check_on_error
 from zephon_core.ops.text import TokenizerTransform
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
+from zephon_vl.formats.base import ROLES
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, process_video
 
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
 IMAGE_PLACEHOLDER = "<image>"
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant",
-                   "assistant": "assistant", "system": "system"}
 
 
 def _where(sample: dict) -> str:
@@ -66,10 +65,10 @@ def _turn(turn: Any, where: str) -> dict:
                              "not an object with 'role' and 'content'")
     if "from" in turn and "role" not in turn:  # LLaVA/ShareGPT turns: from/value
         raw = turn.get("from")
-        role = _SHAREGPT_ROLES.get(raw) if isinstance(raw, str) else None
+        role = ROLES.get(raw) if isinstance(raw, str) else None
         if role is None:
             raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
-                                 f"{', '.join(sorted(_SHAREGPT_ROLES))}")
+                                 f"{', '.join(sorted(ROLES))}")
         content = turn.get("value", "")
     else:
         role = turn.get("role", "user")
@@ -197,7 +196,6 @@ class DecodeVision(Transform):
         if not caption:
             raise BadSampleError("missing_caption", where, "image without txt or json caption")
         return {**base, "kind": "caption", "text": caption, "vision": [img], "video": [False]}
-
 
     def decode_sample(self, sample: dict) -> dict:
         """A sample of a record format (`zephon_vl.formats.base`): decode its media."""
