@@ -534,3 +534,22 @@ def test_json_offsets_find_every_record(records, indent, ascii_only, pad) -> Non
     lines = "".join(json.dumps(r, ensure_ascii=ascii_only) + "\n" for r in records).encode()
     offsets = json_offsets(lines, "t.jsonl")
     assert [json.loads(lines[a:a + n]) for a, n in offsets.T] == records
+
+
+def test_recipe_file_dataset_keys_are_checked(data, tmp_path) -> None:
+    table, _ = data["llava"]
+    bad_fields = recipe_toml(tmp_path / "a.toml", [{**table, "fields": "id"}])
+    with pytest.raises(ConfigError, match=r"\[\[datasets\]\] #1: fields must be a table"):
+        load_recipe(str(bad_fields))
+    bad_format = recipe_toml(tmp_path / "b.toml", [{**table, "format": 3}])
+    with pytest.raises(ConfigError, match=r"format must be a string, got 3; known: llava, "):
+        load_recipe(str(bad_format))
+    bad_key = recipe_toml(tmp_path / "c.toml", [{**table, "image_dir": "x"}])
+    with pytest.raises(ConfigError, match=r"unknown key 'image_dir' in \[\[datasets\]\] #1; "
+                       r"known: .*format, fields, image_folder, video_folder"):
+        load_recipe(str(bad_key))
+    relative = tmp_path / "rel"
+    relative.mkdir()
+    toml = recipe_toml(relative / "d.toml", [{**table, "image_folder": "../imgs"}])
+    reader = load_recipe(str(toml)).datasets[0].reader
+    assert reader.folders["image_folder"] == str((tmp_path / "imgs").resolve())
