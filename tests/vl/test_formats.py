@@ -553,3 +553,11 @@ def test_recipe_file_dataset_keys_are_checked(data, tmp_path) -> None:
     toml = recipe_toml(relative / "d.toml", [{**table, "image_folder": "../imgs"}])
     reader = load_recipe(str(toml)).datasets[0].reader
     assert reader.folders["image_folder"] == str((tmp_path / "imgs").resolve())
+
+
+def test_a_json_list_without_a_format_is_refused_with_a_hint(data) -> None:
+    """LLaVA's JSON given without ``format`` once became one corrupt_json drop per line."""
+    table, _ = data["llava"]
+    with pytest.raises(ConfigError, match=r"llava\.json: a JSON list, not JSON Lines: format "
+                       r"'text' reads one record a line; name the list's format"):
+        vlm_recipe({"llava": table["files"]}, qwen_tokenizer_dir(), num_lanes=4)

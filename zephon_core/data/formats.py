@@ -115,6 +115,12 @@ def _first_keys(reader: Any, shard: int) -> list[str] | None:
         return list(pq.read_schema(reader.paths[shard]).names)
     if not reader.shard_len(shard):
         return None
+    with open(reader.paths[shard], "rb") as f:
+        head = f.read(4096).lstrip()[:1]
+    if head == b"[":
+        raise ConfigError(f"{reader.paths[shard]}: a JSON list, not JSON Lines: format 'text' "
+                          "reads one record a line; name the list's format (llava, messages, "
+                          "obelics read JSON lists)")
     try:
         first = reader.read(shard, 0)
     except ZephonError:
