@@ -561,3 +561,11 @@ def test_a_json_list_without_a_format_is_refused_with_a_hint(data) -> None:
     with pytest.raises(ConfigError, match=r"llava\.json: a JSON list, not JSON Lines: format "
                        r"'text' reads one record a line; name the list's format"):
         vlm_recipe({"llava": table["files"]}, qwen_tokenizer_dir(), num_lanes=4)
+
+
+def test_records_with_images_without_a_format_are_refused_with_a_hint(data) -> None:
+    """The Hub's Parquet with embedded images once was read as text: every row dropped."""
+    table, _ = data["parquet"]
+    with pytest.raises(ConfigError, match=r"cauldron\.parquet: its records have 'images', "
+                       r"which format 'text' would ignore; name their format"):
+        vlm_recipe({"c": table["files"]}, qwen_tokenizer_dir(), num_lanes=4)

@@ -93,6 +93,13 @@ class TextFormat:
         wanted = (fields["text"], *self.chats)
         for s in range(reader.num_shards):
             keys = _first_keys(reader, s)
+            media = sorted(set(keys or ()) & {"image", "images", "video", "videos"})
+            if media:
+                raise ConfigError(
+                    f"{spec.file_list[s]}: its records have {', '.join(map(repr, media))}, "
+                    "which format 'text' would ignore; name their format (llava for LLaVA "
+                    "records, parquet for the Hub's Parquet with embedded images, messages, "
+                    "obelics)")
             if keys is not None and not set(wanted) & set(keys):
                 raise ConfigError(
                     f"{spec.file_list[s]}: its records do not fit format 'text': it needs "
