@@ -125,7 +125,7 @@ class KimiTokens:
             raise ConfigError(f"the tokenizer lacks Kimi's special tokens {missing}; use "
                               "zephon_vl.kimi_tokenizer_dir() (the Qwen vocabulary with them "
                               "added) or Kimi's own tokenizer")
-        pad = tok.convert_tokens_to_ids("[PAD]")
+        pad = tok.convert_tokens_to_ids(["[PAD]"])[0]
         eos = tok.eos_token_id if tok.eos_token_id is not None else ids[-1]
         if pad is None or pad == tok.unk_token_id:
             pad = tok.pad_token_id if tok.pad_token_id is not None else eos
