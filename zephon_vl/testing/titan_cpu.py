@@ -192,6 +192,7 @@ def apply(qwen3_5: bool = True) -> None:
                 m.set_force_sum_reduction_for_comms(True)
 
     tt_fsdp.disable_fsdp_gradient_division = disable_fsdp_gradient_division
+    _apply_muse_glimmer()
     _APPLIED = True
     if qwen3_5:
         _apply_qwen3_5()
@@ -216,6 +217,29 @@ def _apply_qwen3_5() -> None:
     qm.GatedDeltaKernel.forward = _gated_delta_kernel_forward
     stub_torchvision()
     _QWEN_APPLIED = True
+
+
+def _apply_muse_glimmer() -> None:
+    """``muse_glimmer`` refuses any SPMD backend but ``spmd_types``, under which
+    ``fully_shard(..., dp_mesh_dims=...)`` wants every parameter a DTensor on the SPMD
+    mesh; TorchTitan 0.3.0 gives its vision encoder and adapter no sharding config, so
+    their parameters stay plain tensors and FSDP refuses them at D > 1 ("all parameters
+    must be DTensors on the full SPMD mesh"). Shard those two with plain FSDP
+    (``dp_mesh_dims=None``), as at D = 1."""
+    try:
+        import torchtitan.models.muse_glimmer.parallelize as mp
+    except ImportError:
+        return
+    if getattr(mp, "_zephon_patched", False):
+        return
+    def plain(stock):
+        def wrapped(module, dp_mesh, *args, dp_mesh_dims=None, **kwargs):
+            return stock(module, dp_mesh, *args, dp_mesh_dims=None, **kwargs)
+        return wrapped
+
+    mp.apply_fsdp_to_vision_encoder = plain(mp.apply_fsdp_to_vision_encoder)
+    mp.apply_fsdp_to_decoder = plain(mp.apply_fsdp_to_decoder)
+    mp._zephon_patched = True
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ this module and calls ``<name>()``; CLI flags (``--training.steps 20``,
 * ``zephon_muse_debug``: TorchTitan's ``muse_glimmer_debugmodel_mm`` on
   ``vlm-mix-demo`` with ``model_format="muse_glimmer"`` and its preset (patch
   14, temporal patch 2, raster order, 784 to 3136 pixels an image), the Qwen
-  tokenizer and vocabulary 248,320.
+  tokenizer and vocabulary 248,320; the ``spmd_types`` backend, the only one
+  TorchTitan's muse_glimmer takes.
 
 All are ``ZephonTrainer.Config`` (TorchTitan's Trainer; the config hands
 ``training.global_batch_size`` to the dataloader, which refuses a mismatch when
@@ -150,4 +151,8 @@ def zephon_muse_debug() -> ZephonTrainer.Config:
     config.training.seq_len = 512
     config.training.local_batch_size = 1
     config.training.global_batch_size = 8  # = dataloader.global_batch_size; D in {1, 2, 4, 8}
-    return _cpu_friendly(config)
+    config = _cpu_friendly(config)
+    # parallelize_muse_glimmer refuses any other backend (on CPU at D > 1 the launcher
+    # zephon_vl.testing.titan_cpu FSDP-wraps it without SPMD mesh dims, see there)
+    config.parallelism.spmd_backend = "spmd_types"
+    return config
