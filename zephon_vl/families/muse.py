@@ -106,14 +106,17 @@ class MuseGlimmer(VisionFamily):
             return
         if image_id is None:
             raise ValueError("muse_glimmer: pixel_values without special_tokens['image_id']")
-        _check_padded(self.name, pixels, grid,
-                      3 * self.preset["temporal_patch_size"] * patch * patch)
+        if grid is None or grid.ndim != 2 or grid.shape[1] != 3:
+            raise ValueError(f"muse_glimmer: grid_thw must be [items, 3], got "
+                             f"{None if grid is None else tuple(grid.shape)}")
         if bool((grid[:, 0] != 1).any()):
             raise ValueError(f"muse_glimmer: the encoder takes grid_thw[:, 0] == 1 only, got "
                              f"{grid[:, 0].tolist()}")
         if bool((grid[:, 1:] % f != 0).any()):
             raise ValueError(f"muse_glimmer: grid h/w {grid[:, 1:].tolist()} not divisible by "
                              f"the pixel shuffle's downsample_factor {f}")
+        _check_padded(self.name, pixels, grid,
+                      3 * self.preset["temporal_patch_size"] * patch * patch)
         want = int(((grid[:, 1] // f) * (grid[:, 2] // f)).sum())
         if found != want:
             raise ValueError(f"muse_glimmer: {found} image_id placeholders but the encoder "

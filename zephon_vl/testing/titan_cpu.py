@@ -149,6 +149,62 @@ def stub_torchvision() -> None:
         sys.modules.setdefault(name, mod)
 
 
+def pil_torchvision() -> bool:
+    """Fill the `stub_torchvision` modules with the few PIL-backed functions TorchTitan's
+    ``hf_datasets.multimodal.utils.image.process_image`` calls, so its own sample
+    pipeline (``_process_mm_sample``: decode, resize rule, padding, normalization,
+    placeholders, labels) runs on this CPU-only build. Returns False (and changes
+    nothing) when a real torchvision is installed.
+
+    What stands in: ``io.decode_image`` (PIL decode to RGB ``(C, H, W)`` uint8),
+    ``resize`` (PIL bicubic, as zephon resizes: torchvision's antialiased bicubic is
+    not bit-identical to it), ``pad`` (zeros right/bottom), ``to_dtype`` (``/ 255``)
+    and ``normalize``. Call it before importing ``torchtitan.hf_datasets.multimodal``.
+    """
+    loaded = sys.modules.get("torchvision")
+    if loaded is not None and getattr(loaded, "__file__", None) or \
+            loaded is None and importlib.util.find_spec("torchvision") is not None:
+        return False  # a real torchvision
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    stub_torchvision()
+    tv_io = sys.modules["torchvision.io"]
+    tvf = sys.modules["torchvision.transforms.v2.functional"]
+
+    def decode_image(raw, mode=None):
+        img = Image.open(io.BytesIO(bytes(raw.numpy().tobytes()))).convert("RGB")
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous()
+
+    def resize(img, size, interpolation=None, antialias=True):
+        h, w = size
+        pil = Image.fromarray(img.permute(1, 2, 0).numpy())
+        out = pil.resize((w, h), resample=Image.Resampling.BICUBIC)
+        return torch.from_numpy(np.array(out)).permute(2, 0, 1).contiguous()
+
+    def pad(img, padding, fill=0):
+        left, top, right, bottom = padding
+        return F.pad(img, (left, right, top, bottom), value=fill)
+
+    def to_dtype(img, dtype, scale=False):
+        return img.to(dtype) / 255 if scale else img.to(dtype)
+
+    def normalize(img, mean, std, inplace=False):
+        m = torch.tensor(mean, dtype=img.dtype).view(-1, 1, 1)
+        s = torch.tensor(std, dtype=img.dtype).view(-1, 1, 1)
+        return (img - m) / s
+
+    tv_io.decode_image = decode_image
+    tv_io.ImageReadMode = types.SimpleNamespace(RGB="RGB")
+    tvf.InterpolationMode = types.SimpleNamespace(BICUBIC="bicubic")
+    tvf.resize, tvf.pad, tvf.to_dtype, tvf.normalize = resize, pad, to_dtype, normalize
+    tvf.pil_to_tensor = lambda img: torch.from_numpy(np.array(img)).permute(2, 0, 1)
+    sys.modules["torchvision"].io = tv_io
+    return True
+
+
 def apply(qwen3_5: bool = True) -> None:
     """Install every patch (idempotent). ``qwen3_5=False`` skips the FLA kernels."""
     global _APPLIED
