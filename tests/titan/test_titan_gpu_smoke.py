@@ -1,4 +1,5 @@
-"""scripts/gpu_smoke.py on CPU: Trainer resume (llama3, qwen3_5), simulated D=2->4, normalize."""
+"""scripts/gpu_smoke.py on CPU: Trainer resume (llama3, qwen3_5, kimi_k2_5, muse_glimmer),
+simulated D=2->4, normalize."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ def test_gpu_smoke_script_runs_on_cpu(tmp_path, capsys):
     rc = mod.main(["--device", "cpu", "--runner", "inline", "--steps", "3", "--save-at", "2",
                    "--seq-len", "256", "--fold-vocab", "2048", "--layers", "4",
                    "--vision-layers", "1", "--max-pixels", "16384", "--min-pixels", "4096",
-                   "--lanes", "4",
+                   "--max-patches", "256", "--lanes", "4",
                    "--global-batch", "4", "--local-batch", "1", "--dp", "2", "--resume-dp", "4",
                    "--h2d-steps", "3", "--elastic-models", "llama3", "--json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     result = json.loads(out.read_text())
     assert result["ok"] and "PASS" in printed
-    for model in ("llama3", "qwen3_5"):
+    assert sorted(result["trainer"]) == ["kimi_k2_5", "llama3", "muse_glimmer", "qwen3_5"]
+    for model in result["trainer"]:
         trainer = result["trainer"][model]
         assert trainer["digests_identical"] and trainer["losses_within_tolerance"], model
         assert sorted(trainer["resumed_losses"]) == ["3"]
