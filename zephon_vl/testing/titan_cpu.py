@@ -13,6 +13,9 @@ Launcher (the trainer, on CPU, with torchrun and gloo)::
 The ``qwen3_5`` model also needs ``triton``, ``fla-core`` and
 ``flash-linear-attention`` installed with ``--no-deps`` (its module imports
 them; their Triton kernels are replaced by the pure-torch references below).
+``muse_glimmer`` is FSDP-wrapped without SPMD mesh dims (`_apply_muse_glimmer`);
+``kimi_k2_5`` needs nothing of its own. `pil_torchvision` lets TorchTitan's own
+multimodal sample pipeline run without torchvision (tests compare with it).
 """
 
 from __future__ import annotations
