@@ -214,3 +214,39 @@ def test_image_preset_builds_the_recipe_for_the_family() -> None:
             assert h % 2 == w % 2 == 0 and (h - 2) * (w - 2) < 300
     finally:
         dl.close()
+
+
+@pytest.mark.parametrize("family", ["kimi_k2_5", "muse_glimmer"])
+def test_the_models_own_forward_takes_zephon_batches_with_videos(family, tmp_path_factory):
+    """TorchTitan's debug model (1 layer, 1 vision block, 2,048 folded ids) runs forward and
+    backward on zephon batches of the demo data, videos included, after the family's
+    check_model_inputs passed them."""
+    from tests.helpers.vl import demo_shards
+    from zephon_core import Execution, Loader
+    from zephon_vl import TitanOptions, VideoSettings, vlm_recipe
+    from zephon_vl.testing.tiny_model import build_model, fold_vocab, loss_sum
+
+    fam = get_family(family)
+    image = fam.image_settings(3136, 784, max_patches=64 if family == "kimi_k2_5" else None)
+    recipe = vlm_recipe(demo_shards(tmp_path_factory), fam.tokenizer_dir(), seq_len=512,
+                        global_batch_size=2, num_lanes=1, image=image, family=family,
+                        video=VideoSettings(fps=1, min_frames=2, max_frames=4,
+                                            max_pixels_per_frame=3136))
+    model = build_model(family, vocab_size=2048, layers=1, vision_layers=1)
+    videos = 0
+    with Loader(recipe, 0, 1, Execution(runner="inline")) as loader:
+        for _ in range(40):
+            batch = next(loader)
+            if not (batch["grid_thw"][:, 0] > 1).any():
+                continue
+            videos += 1
+            x = fam.titan_inputs({k: v for k, v in batch.items() if k != "labels"},
+                                 recipe.collate, TitanOptions())
+            fam.check_model_inputs(x)
+            (x, labels), = fold_vocab([(x, batch["labels"])], 2048)
+            loss = loss_sum(model, x, labels, torch.device("cpu"))
+            loss.backward()
+            assert torch.isfinite(loss) and loss > 0
+            if videos == 2:
+                break
+    assert videos, "no batch with a video in the steps read"
