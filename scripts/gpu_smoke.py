@@ -24,9 +24,8 @@ VLMs on ``--vlm-recipe``, each with its family's preset) it checks:
    ``--save-at`` steps and resumed at ``--resume-dp`` ranks. Passes when every
    resumed global batch hashes like the uninterrupted one (the losses are
    reported; with a fixed micro-batch size the rows run in the same order at
-   every D, so they agree too). ``llama3`` and ``qwen3_5`` only (the models
-   ``zephon_vl.testing.tiny_model`` builds); kimi_k2_5 and muse_glimmer resume
-   at other D in tests/titan/test_titan_families_trainer.py, with real ranks.
+   every D, so they agree too). tests/titan/test_titan_families_trainer.py
+   resumes kimi_k2_5 and muse_glimmer at other D with real ranks, too.
 
 And once, for the VLM recipe: **h2d_normalize**, the time per step to move a
 step's micro-batches to the device, uint8 pixels normalized there
@@ -52,7 +51,7 @@ from typing import Any
 TRAINER_CONFIGS = {"llama3": "zephon_llama3_debug", "qwen3_5": "zephon_qwen35_debug",
                    "kimi_k2_5": "zephon_kimi_debug", "muse_glimmer": "zephon_muse_debug"}
 #: The models the elastic check can build (``zephon_vl.testing.tiny_model.build_model``).
-ELASTIC_MODELS = ("llama3", "qwen3_5")
+ELASTIC_MODELS = tuple(TRAINER_CONFIGS)
 
 
 def _recipe(args: argparse.Namespace, model: str) -> str:
@@ -71,13 +70,25 @@ def _image_flags(args: argparse.Namespace, model: str) -> list[str]:
 
 
 def _loader_config(args: argparse.Namespace, model: str, **extra: Any):
-    from zephon_vl.titan.dataloader import ZephonDataLoader
+    """The dataloader of `model`'s ready config (zephon_vl.titan.config_registry), with this
+    run's recipe, geometry and image budget: what its Trainer run builds."""
+    import dataclasses
 
-    vlm = model == "qwen3_5"
-    return ZephonDataLoader.Config(
-        recipe=_recipe(args, model), num_lanes=args.lanes, global_batch_size=args.global_batch,
-        model_format="qwen3_5" if vlm else "text", image_preset="qwen3_5" if vlm else "",
-        max_pixels=args.max_pixels, min_pixels=args.min_pixels, runner=args.runner, **extra)
+    import transformers  # noqa: F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
+
+    from zephon_vl.testing.titan_cpu import stub_torchvision
+
+    stub_torchvision()  # the VLM config registries import torchvision; a no-op where it is
+    from zephon_vl.titan import config_registry
+
+    cfg = getattr(config_registry, TRAINER_CONFIGS[model])().dataloader
+    fields: dict[str, Any] = {"recipe": _recipe(args, model), "num_lanes": args.lanes,
+                              "global_batch_size": args.global_batch, "runner": args.runner}
+    if model == "qwen3_5":
+        fields.update(max_pixels=args.max_pixels, min_pixels=args.min_pixels)
+    if model == "kimi_k2_5" and args.max_patches:
+        fields["max_patches"] = args.max_patches
+    return dataclasses.replace(cfg, trainer_global_batch_size=0, **fields, **extra)
 
 
 def _build(cfg, args: argparse.Namespace, dp: int, rank: int):
@@ -167,7 +178,7 @@ def _simulated_run(args: argparse.Namespace, model_name: str, dp: int, steps: ra
 
     extra = {"vocab_size": args.fold_vocab} if args.fold_vocab else {}
     model = build_model(model_name, device=device, seed=0, layers=args.layers,
-                        vision_layers=args.vision_layers if model_name == "qwen3_5" else 0,
+                        vision_layers=args.vision_layers if model_name != "llama3" else 0,
                         **extra)
     opt = make_optimizer(model, lr=args.lr)
     cfg = _loader_config(args, model_name, device=str(device))
