@@ -94,7 +94,9 @@ def test_kimi_tokenizer_is_qwens_plus_kimis_tokens() -> None:
     from torchtitan.models.kimi_k2_7 import KIMI_K2_5_SPECIAL_TOKENS
 
     from zephon_core import qwen_tokenizer_dir
+    from zephon_vl.families.kimi import KIMI_VISION_TOKENS
 
+    assert KIMI_VISION_TOKENS == KIMI_K2_5_SPECIAL_TOKENS
     kimi, qwen = load_tokenizer(kimi_tokenizer_dir()), load_tokenizer(qwen_tokenizer_dir())
     assert len(kimi) == len(qwen) + 8
     text = "A cat on a mat, 12 times."
