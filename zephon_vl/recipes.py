@@ -32,7 +32,6 @@ from zephon_core import (
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
-    qwen_tokenizer_dir,
 )
 from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_core.recipes.registry import settings_from_table
@@ -136,6 +135,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                   collate=family.collate(seq_len, image, special))
 
 
+def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
+    """The demos' tokenizer: ``tokenizer`` if given, else the recipe family's own (the
+    bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
+    given = overrides.pop("tokenizer", None)
+    return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
+
+
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
              seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
@@ -143,7 +149,8 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
 
     demo = build_demo_dataset(num_samples=num_samples)
     image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    return vlm_recipe([str(s) for s in demo.shards], qwen_tokenizer_dir(), seq_len=seq_len,
+    return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
+                      seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, name="vlm-demo", **overrides)
 
@@ -170,7 +177,7 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
         overrides.setdefault("balance", MIX_DEMO_BALANCE)
     return vlm_recipe({"photos": [str(s) for s in demo.shards],
                        "text": [str(p) for p in text_corpus()]},
-                      qwen_tokenizer_dir(), seq_len=seq_len,
+                      _demo_tokenizer(overrides), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
 

@@ -121,6 +121,24 @@ def text_document(record: Any) -> dict:
     return {"kind": "text", "text": text, "vision": [], "video": []}
 
 
+def document_text(parts: list[str | None]) -> list[str | None]:
+    """An image-text document's parts with whitespace stripped from the document's two
+    ends, as TorchTitan's ``MMDataLoader`` does (``insert_vision_placeholders``' ``strip``).
+
+    A caption is ``[image, text]``: its text loses its trailing whitespace.
+    Neighbouring text parts stay separate pieces (TorchTitan joins them with no
+    separator before it tokenizes; see docs/torchtitan.md).
+    """
+    out = list(parts)
+    first = next((i for i, p in enumerate(out) if p), None)
+    if first is not None and all(p is not None for p in out[:first + 1]):
+        out[first] = out[first].lstrip()
+    last = next((i for i in range(len(out) - 1, -1, -1) if out[i]), None)
+    if last is not None and all(p is not None for p in out[last:]):
+        out[last] = out[last].rstrip()
+    return out
+
+
 class DecodeVision(Transform):
     """WebDataset sample -> document dict with decoded vision inputs (heavy: processes)."""
 
@@ -280,12 +298,12 @@ class TokenizeMultimodal(TokenizerTransform):
         ids = self._ids
         kind = doc["kind"]
         if kind == "caption":
-            return [("vision", 0, False), ("text", self._text(doc["text"]), True)]
+            return [("vision", 0, False), ("text", self._text(doc["text"].rstrip()), True)]
         if kind == "text":
             return [("text", self._text(doc["text"]), True)]
         if kind == "interleaved":
             out, k = [], 0
-            for part in doc["parts"]:
+            for part in document_text(doc["parts"]):
                 if part is None:
                     out.append(("vision", k, False))
                     k += 1
@@ -334,7 +352,7 @@ class TokenizeMultimodal(TokenizerTransform):
             if self.overlong == "truncate" and total >= self.max_tokens:
                 break
         kept = [vision[i] for i in used] if self.overlong == "truncate" else vision
-        vision_tokens = sum(v.num_tokens(self.merge_size) for v in kept)
+        vision_tokens = sum(self.family.item_tokens(v.grid_thw, self.merge_size) for v in kept)
         return {
             "tokens": np.concatenate(tokens).astype(np.int32),
             "targets": np.concatenate(targets),

@@ -60,11 +60,16 @@ from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY, STATE_VERSION, wrap_s
 log = logging.getLogger(__name__)
 
 
-def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0) -> Any:
+def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0,
+                          max_patches: int = 0) -> Any:
     """The ImageSettings of the vision-language family `name` (``image_preset``);
-    `min_pixels` 0: the preset's."""
+    `min_pixels`, `max_patches` 0: the preset's."""
     try:
-        return vision_family(name).image_settings(max_pixels, min_pixels or None)
+        family = vision_family(name)
+        if max_patches:
+            return family.image_settings(max_pixels, min_pixels or None,
+                                         max_patches=max_patches)
+        return family.image_settings(max_pixels, min_pixels or None)
     except ConfigError as exc:
         raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc} (set "
                           "--dataloader.max_pixels higher or --dataloader.min_pixels "
@@ -106,7 +111,9 @@ class ZephonDataLoader(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         recipe: str = "text-demo"
-        """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file."""
+        """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file. With
+        ``image_preset`` a built-in VLM recipe is built for ``model_format``'s family, with
+        that family's tokenizer (``VisionFamily.tokenizer_dir``)."""
 
         num_lanes: int = 8
         """``L``: fixed for the life of a run; every DP degree you use must divide it."""
@@ -148,6 +155,10 @@ class ZephonDataLoader(BaseDataLoader):
         min_pixels: int = 0
         """With ``image_preset``: the smallest image, in pixels (smaller ones are scaled
         up); 0 = the preset's (qwen3_5: 65536, TorchTitan's value)."""
+
+        max_patches: int = 0
+        """With ``image_preset`` of a patch-budget family (``kimi_k2_5``): the most patches
+        an image keeps (scaled down to it, never up); 0 = the preset's (16384)."""
 
         runner: str = Execution.runner
         """Execution knob (never changes a batch): auto (the default: processes for read,
@@ -241,10 +252,11 @@ class ZephonDataLoader(BaseDataLoader):
                     "no images; use a VLM recipe with a vision model_format (e.g. "
                     "--dataloader.model_format qwen3_5), or leave image_preset empty")
             image = preset_image_settings(config.image_preset, config.max_pixels,
-                                          config.min_pixels)
+                                          config.min_pixels, config.max_patches)
             if config.normalize_on_device:
                 image = dataclasses.replace(image, normalize="device")
             overrides["image"] = image
+            overrides["family"] = self.family.name
         G = config.global_batch_size
         if not G:  # the recipe's own: a property of the data, the same at every D
             G = self._load_recipe(config, seq_len, overrides).global_batch_size
