@@ -283,6 +283,11 @@ class RayRunner(Runner):
         self._events.put(None)
         return fut
 
+    def inflight(self) -> int:
+        """Groups submitted and not answered yet (running on the cluster or queued here)."""
+        with self._lock:
+            return len(self._pending) + len(self._running)
+
     # -- the dispatcher thread owns `_running` and every Ray call after construction --
 
     def _launch(self) -> None:

@@ -110,39 +110,24 @@ class LocalRayCluster:
         self._save()
         return raylet
 
-    def kill_worker(self, i: int = -1) -> int:
-        """SIGKILL worker node `i`'s raylet (its workers follow it): a node lost mid-run."""
+    def kill_worker(self, i: int = -1, tasks: bool = False) -> int:
+        """SIGKILL worker node `i`'s raylet: a node lost mid-run. A task running there may
+        still finish and answer (Ray's workers outlive their raylet a moment); with `tasks`,
+        its worker processes die with it, as when the machine goes. Returns the raylet PID."""
         pid = self.worker_raylets.pop(i)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        victims = [pid, *(_family({pid}) - {pid})] if tasks else [pid]
+        for p in victims:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self._save()
         return pid
 
     def pids(self) -> list[int]:
         """Every live process of this cluster: those naming its folder, and their children."""
         root = str(Path(self.root).resolve())
-        parents: dict[int, int] = {}
-        mine: set[int] = set()
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            pid = int(proc.name)
-            parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
-            if root in cmdline and pid != os.getpid():
-                mine.add(pid)
-        grew = True
-        while grew:
-            kids = {p for p, pp in parents.items() if pp in mine and p not in mine}
-            mine |= kids
-            grew = bool(kids)
-        return sorted(mine)
+        return sorted(_family({pid for pid, cmdline in _processes() if root in cmdline}))
 
     def stop(self, grace: float = 5.0) -> None:
         """End this cluster's processes (SIGTERM, then SIGKILL after `grace` seconds)."""
@@ -179,6 +164,34 @@ class LocalRayCluster:
         self.stop()
 
 
+def _processes() -> list[tuple[int, str]]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                out.append((int(proc.name),
+                            (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+            except OSError:
+                continue
+    return out
+
+
+def _family(pids: set[int]) -> set[int]:
+    """`pids` and all their descendants."""
+    parents: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    family = set(pids)
+    while kids := {p for p, pp in parents.items() if pp in family and p not in family}:
+        family |= kids
+    return family
+
+
 def _start_node(root: str, address: str, num_cpus: int, resources: dict,
                 object_store_mb: int) -> int:
     """What ``ray start --address`` does, on 127.0.0.1 (see the module docstring)."""
@@ -207,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--object-store-mb", type=int, default=100)
     for name, text in (("down", "end the cluster's processes"),
                        ("kill-worker", "SIGKILL the last worker node's raylet"),
+                       ("kill-worker-node", "SIGKILL the last worker node's raylet and "
+                        "its workers"),
                        ("add-worker", "start one more worker node")):
         sub.add_parser(name, help=text).add_argument("root")
     node = sub.add_parser("node", help=argparse.SUPPRESS)
@@ -231,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalRayCluster.load(args.root)
     if args.cmd == "down":
         cluster.stop()
-    elif args.cmd == "kill-worker":
-        print(json.dumps({"killed_raylet": cluster.kill_worker()}))
+    elif args.cmd in ("kill-worker", "kill-worker-node"):
+        tasks = args.cmd == "kill-worker-node"
+        print(json.dumps({"killed_raylet": cluster.kill_worker(tasks=tasks)}))
     else:
         print(json.dumps({"raylet": cluster.add_worker()}))
     return 0
