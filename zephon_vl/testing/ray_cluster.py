@@ -129,9 +129,11 @@ class LocalRayCluster:
         root = str(Path(self.root).resolve())
         return sorted(_family({pid for pid, cmdline in _processes() if root in cmdline}))
 
-    def stop(self, grace: float = 5.0) -> None:
-        """End this cluster's processes (SIGTERM, then SIGKILL after `grace` seconds)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    def stop(self, grace: float = 5.0, abrupt: bool = False) -> None:
+        """End this cluster's processes: SIGTERM, then SIGKILL after `grace` seconds; with
+        `abrupt`, SIGKILL at once, as when the machines go. (On SIGTERM a raylet ends the
+        drivers connected to it too, with SIGTERM: Ray's own way to stop a job.)"""
+        for sig in ((signal.SIGKILL,) if abrupt else (signal.SIGTERM, signal.SIGKILL)):
             pids = self.pids()
             for pid in pids:
                 try:
