@@ -25,6 +25,7 @@ import pytest
 from tests.helpers.core import Spec, build_recipe
 from tests.helpers.remote import crash_always, slow_tokens
 from zephon_core import Execution, load_recipe, run_digests
+from zephon_core.engine import ray_runner
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.simulate import ElasticRun
 
@@ -115,10 +116,10 @@ def test_worker_node_killed_mid_run(cluster, tmp_path):
     """The labelled node dies with a group running on it; a replacement joins (as an
     autoscaler would start one): the lost groups run again there, the batches do not
     change."""
-    slow = functools.partial(slow_tokens, every=3, seconds=0.5)
-    ref = _spec_digests(Spec(map_fn=slow, num_lanes=2), Execution(runner="inline"), steps=6)
+    ref = _spec_digests(Spec(num_lanes=2), Execution(runner="inline"), steps=5)
     (tmp_path / "ray").mkdir()
-    spec = Spec(map_fn=functools.partial(slow, marker_dir=str(tmp_path / "ray")), num_lanes=2)
+    slow = functools.partial(slow_tokens, every=4, seconds=0.3, marker_dir=str(tmp_path / "ray"))
+    spec = Spec(map_fn=slow, num_lanes=2)
     ex = Execution(runner="ray", ray_resources=LABEL, default_workers=1, group_size=2)
     with ElasticRun(lambda: build_recipe(spec), ex) as run:
         sim = run.ranks(2)
@@ -127,7 +128,7 @@ def test_worker_node_killed_mid_run(cluster, tmp_path):
         killer = threading.Thread(target=_kill_when_busy, args=(cluster, tmp_path / "ray"))
         killer.start()
         try:
-            got += [r.sha256 for r in run.steps(sim, 6, "run")]
+            got += [r.sha256 for r in run.steps(sim, 5, "run")]
         finally:
             killer.join()
         assert stage.resubmitted > 0
@@ -172,7 +173,7 @@ def test_slow_groups_never_reorder(cluster):
     """Groups that finish out of order (one document in five sleeps) give the batches of
     the inline runner: answers are consumed in submission order."""
     spec = Spec(map_fn=functools.partial(slow_tokens, every=5, seconds=0.3), num_lanes=2)
-    ref = _spec_digests(spec, Execution(runner="inline"))
+    ref = _spec_digests(spec.but(map_fn=None), Execution(runner="inline"))  # no sleeps
     got = _spec_digests(spec, Execution(runner="ray", default_workers=2, group_size=2))
     assert got == ref
 
@@ -192,10 +193,11 @@ def _spec_digests(spec: Spec, ex: Execution, steps: int = 4) -> list[str]:
         return [r.sha256 for r in run.run(1, steps)]
 
 
-def test_cluster_gone_then_resume(cluster):
+def test_cluster_gone_then_resume(cluster, monkeypatch):
     """The whole cluster stops mid-run: the run stops with an error that says so (not a
     hang); a resume from the checkpoint taken before, on a cluster that is up again,
     gives the batches of the uninterrupted run. Runs last: it restarts the cluster."""
+    monkeypatch.setattr(ray_runner, "CLUSTER_GRACE_S", 3.0)  # the default is 10 s
     want = inline_digests("text-demo", 5)
     ex = Execution(runner="ray", default_workers=2)
     with ElasticRun(lambda: load_recipe("text-demo"), ex) as run:

@@ -176,12 +176,15 @@ class _Connection:
             if cls.users == 0 and not ray.is_initialized():
                 where = address or os.environ.get("RAY_ADDRESS") or None
                 try:
+                    # workers' output stays in the cluster's logs (`ray logs`): forwarded,
+                    # it would land in the trainer's stdout (zephon-vl digest's JSON lines)
+                    quiet = {"configure_logging": False, "log_to_driver": False}
                     if where is None:
                         # the latest cluster started on this machine, else a local instance
                         ray.init(object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                                 include_dashboard=False, configure_logging=False)
+                                 include_dashboard=False, **quiet)
                     else:
-                        ray.init(address=where, configure_logging=False)
+                        ray.init(address=where, **quiet)
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     raise ConfigError(
                         f"the ray runner could not connect to the Ray cluster at {where}: "
