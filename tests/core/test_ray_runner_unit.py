@@ -82,3 +82,18 @@ def test_own_copy_takes_every_array_out_of_the_store():
         assert new.dtype == old.dtype and np.array_equal(new, old)
     assert float_bytes(got) == 0
     assert float_bytes({"v": [Patches(np.zeros((4, 4), np.float32), grid)]}) == 64
+
+
+def test_command_line_spells_the_ray_settings():
+    import argparse
+
+    from zephon_vl.cli.main import add_execution_args, execution_from
+
+    p = argparse.ArgumentParser()
+    add_execution_args(p)
+    args = p.parse_args(["--runner", "ray", "--op-runner", "read=processes",
+                         "--ray-address", "127.0.0.1:6379", "--ray-resources", "zephon_cpu=1"])
+    ex = execution_from(args)
+    assert (ex.runner, ex.runners) == ("ray", {"read": "processes"})
+    assert (ex.ray_address, ex.ray_resources) == ("127.0.0.1:6379", {"zephon_cpu": 1.0})
+    assert execution_from(p.parse_args([])).ray_address is None
