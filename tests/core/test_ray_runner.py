@@ -191,6 +191,20 @@ def test_group_lost_every_time_names_stage_and_group(cluster):
         _spec_digests(spec, Execution(runner="ray", default_workers=1, group_size=2))
 
 
+def test_group_past_its_deadline_is_cancelled_then_named(cluster):
+    """A group that runs past `group_timeout` is cancelled and submitted again; after three
+    deadlines in a row the run stops naming the group."""
+    spec = Spec(map_fn=functools.partial(slow_tokens, every=1000, seconds=30.0), num_lanes=1,
+                shuffle_pos=None, shuffle_shards=False, shuffle_within=False)
+    ex = Execution(runner="ray", default_workers=1, group_size=2, group_timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"3 Ray tasks in a row ran past group_timeout "
+                       r"\(1 s\) on the group of samples dataset 0 shard \d index 0 "
+                       r".*\{'CPU': 1\}"):
+        _spec_digests(spec, ex)
+    assert time.monotonic() - t0 < 30
+
+
 def _spec_digests(spec: Spec, ex: Execution, steps: int = 4) -> list[str]:
     with ElasticRun(lambda: build_recipe(spec), ex) as run:
         return [r.sha256 for r in run.run(1, steps)]

@@ -404,7 +404,7 @@ class RayRunner(Runner):
                     f"stage {self.name}: {task.overdue} Ray tasks in a row ran past "
                     f"group_timeout ({self.group_timeout:g} s) on the group of samples "
                     f"{task.samples}; one of them hangs the operator, or no node offers the "
-                    f"resources the tasks ask for ({{'CPU': 1, **{self.resources}}}: check "
+                    f"resources the tasks ask for ({ {'CPU': 1, **self.resources} }: check "
                     "`ray status`)"))
                 continue
             log.warning("zephon: stage %s: a Ray task ran past group_timeout (%g s); "
