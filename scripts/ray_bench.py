@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -158,6 +159,7 @@ def main() -> None:
         mine = [r for r in over if r["runner"] == kind]
         print(f"{kind:<12} {statistics.median(r['us_per_sample'] for r in mine):>10.0f} "
               f"{statistics.median(r['cpu_us_per_sample'] for r in mine):>14.0f}")
+    shutil.rmtree(root, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "load": load, "delivered": runs,

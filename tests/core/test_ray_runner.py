@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ def cluster() -> Iterator[LocalRayCluster]:
             if ray.is_initialized():
                 ray.shutdown()
             c.stop()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def connect(c: LocalRayCluster) -> None:
