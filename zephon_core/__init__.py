@@ -73,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "Execution": "zephon_core.engine.execution",
     "parse_workers": "zephon_core.engine.execution",
     "parse_runners": "zephon_core.engine.execution",
+    "parse_resources": "zephon_core.engine.execution",
     "Drained": "zephon_core.engine.loader",
     "StageEvent": "zephon_core.engine.observe",
     "StageStats": "zephon_core.engine.observe",

@@ -49,6 +49,8 @@ from zephon_core import (
     Loader,
     RetryPolicy,
     load_recipe,
+    parse_resources,
+    parse_runners,
     parse_workers,
 )
 from zephon_core.engine.state_check import parse_state
@@ -162,7 +164,18 @@ class ZephonDataLoader(BaseDataLoader):
 
         runner: str = Execution.runner
         """Execution knob (never changes a batch): auto (the default: processes for read,
-        decode and tokenize), inline, threads or processes."""
+        decode and tokenize), inline, threads, processes or ray (a Ray cluster; docs/ray.md)."""
+
+        runners: str = ""
+        """Per-operator runners, e.g. ``decode=ray`` (the others keep ``runner``)."""
+
+        ray_address: str = ""
+        """With a ray runner: the Ray cluster's head ``host:port``; empty = ``RAY_ADDRESS``,
+        else the latest cluster started on this machine, else a local one."""
+
+        ray_resources: str = ""
+        """With a ray runner: custom resources every task asks for, e.g. ``zephon_cpu=1``
+        (only the nodes that offer it, a CPU-only pool, run zephon tasks)."""
 
         workers: str = ""
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
@@ -277,6 +290,9 @@ class ZephonDataLoader(BaseDataLoader):
         if tokenizer is not None:
             check_tokenizer(tokenizer, self.recipe, config.recipe)
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
+                                   runners=parse_runners(config.runners),
+                                   ray_address=config.ray_address or None,
+                                   ray_resources=parse_resources(config.ray_resources),
                                    default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps,
