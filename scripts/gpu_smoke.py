@@ -7,7 +7,8 @@
         --min-pixels 4096                             # anywhere, slowly
 
 For each model (``--models``: TorchTitan's ``llama3`` debug model on
-``text-demo`` and its ``qwen3_5`` debug VLM on ``--vlm-recipe``) it checks:
+``text-demo``, and its ``qwen3_5``, ``kimi_k2_5`` and ``muse_glimmer`` debug
+VLMs on ``--vlm-recipe``, each with its family's preset) it checks:
 
 1. **trainer**: TorchTitan's own Trainer (``python -m zephon_vl.testing.titan_trainer``
    under ``torchrun``, one process on the device) trains ``--steps`` steps and
@@ -23,7 +24,8 @@ For each model (``--models``: TorchTitan's ``llama3`` debug model on
    ``--save-at`` steps and resumed at ``--resume-dp`` ranks. Passes when every
    resumed global batch hashes like the uninterrupted one (the losses are
    reported; with a fixed micro-batch size the rows run in the same order at
-   every D, so they agree too).
+   every D, so they agree too). tests/titan/test_titan_families_trainer.py
+   resumes kimi_k2_5 and muse_glimmer at other D with real ranks, too.
 
 And once, for the VLM recipe: **h2d_normalize**, the time per step to move a
 step's micro-batches to the device, uint8 pixels normalized there
@@ -46,21 +48,47 @@ import time
 from pathlib import Path
 from typing import Any
 
-TRAINER_CONFIGS = {"llama3": "zephon_llama3_debug", "qwen3_5": "zephon_qwen35_debug"}
+TRAINER_CONFIGS = {"llama3": "zephon_llama3_debug", "qwen3_5": "zephon_qwen35_debug",
+                   "kimi_k2_5": "zephon_kimi_debug", "muse_glimmer": "zephon_muse_debug"}
+#: The models the elastic check can build (``zephon_vl.testing.tiny_model.build_model``).
+ELASTIC_MODELS = tuple(TRAINER_CONFIGS)
 
 
 def _recipe(args: argparse.Namespace, model: str) -> str:
-    return args.vlm_recipe if model == "qwen3_5" else "text-demo"
+    return "text-demo" if model == "llama3" else args.vlm_recipe
+
+
+def _image_flags(args: argparse.Namespace, model: str) -> list[str]:
+    """The image budget flags of a VLM's Trainer run: qwen3_5 takes ``--max-pixels``,
+    kimi_k2_5 ``--max-patches`` (0: its preset's), muse_glimmer its preset's pixels."""
+    if model == "qwen3_5":
+        return ["--dataloader.max_pixels", str(args.max_pixels),
+                "--dataloader.min_pixels", str(args.min_pixels)]
+    if model == "kimi_k2_5" and args.max_patches:
+        return ["--dataloader.max_patches", str(args.max_patches)]
+    return []
 
 
 def _loader_config(args: argparse.Namespace, model: str, **extra: Any):
-    from zephon_vl.titan.dataloader import ZephonDataLoader
+    """The dataloader of `model`'s ready config (zephon_vl.titan.config_registry), with this
+    run's recipe, geometry and image budget: what its Trainer run builds."""
+    import dataclasses
 
-    vlm = model == "qwen3_5"
-    return ZephonDataLoader.Config(
-        recipe=_recipe(args, model), num_lanes=args.lanes, global_batch_size=args.global_batch,
-        model_format="qwen3_5" if vlm else "text", image_preset="qwen3_5" if vlm else "",
-        max_pixels=args.max_pixels, min_pixels=args.min_pixels, runner=args.runner, **extra)
+    import transformers  # noqa: F401  (before the torchvision stub; see zephon_vl.testing.titan_cpu)
+
+    from zephon_vl.testing.titan_cpu import stub_torchvision
+
+    stub_torchvision()  # the VLM config registries import torchvision; a no-op where it is
+    from zephon_vl.titan import config_registry
+
+    cfg = getattr(config_registry, TRAINER_CONFIGS[model])().dataloader
+    fields: dict[str, Any] = {"recipe": _recipe(args, model), "num_lanes": args.lanes,
+                              "global_batch_size": args.global_batch, "runner": args.runner}
+    if model == "qwen3_5":
+        fields.update(max_pixels=args.max_pixels, min_pixels=args.min_pixels)
+    if model == "kimi_k2_5" and args.max_patches:
+        fields["max_patches"] = args.max_patches
+    return dataclasses.replace(cfg, trainer_global_batch_size=0, **fields, **extra)
 
 
 def _build(cfg, args: argparse.Namespace, dp: int, rank: int):
@@ -81,14 +109,12 @@ def _trainer_job(args: argparse.Namespace, model: str, out: Path, resume: bool):
              "--dataloader.global_batch_size", str(args.global_batch),
              "--dataloader.runner", args.runner, "--checkpoint.enable",
              "--checkpoint.interval", str(args.save_at)]
-    if model == "qwen3_5":
-        titan += ["--dataloader.max_pixels", str(args.max_pixels),
-                  "--dataloader.min_pixels", str(args.min_pixels)]
+    titan += _image_flags(args, model)
     if resume:
         titan += ["--checkpoint.load_step", str(args.save_at)]
     env = {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}
     return TrainerJob(out, 1, titan, fold_vocab=args.fold_vocab, layers=args.layers,
-                      vision_layers=args.vision_layers if model == "qwen3_5" else 0, env=env)
+                      vision_layers=args.vision_layers if model != "llama3" else 0, env=env)
 
 
 def trainer_checks(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
@@ -152,7 +178,7 @@ def _simulated_run(args: argparse.Namespace, model_name: str, dp: int, steps: ra
 
     extra = {"vocab_size": args.fold_vocab} if args.fold_vocab else {}
     model = build_model(model_name, device=device, seed=0, layers=args.layers,
-                        vision_layers=args.vision_layers if model_name == "qwen3_5" else 0,
+                        vision_layers=args.vision_layers if model_name != "llama3" else 0,
                         **extra)
     opt = make_optimizer(model, lr=args.lr)
     cfg = _loader_config(args, model_name, device=str(device))
@@ -258,13 +284,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--models", default="llama3,qwen3_5",
-                   help="comma-separated: llama3 (text-demo), qwen3_5 (--vlm-recipe)")
+    p.add_argument("--models", default=",".join(TRAINER_CONFIGS),
+                   help="comma-separated: llama3 (text-demo), qwen3_5, kimi_k2_5, "
+                        "muse_glimmer (--vlm-recipe)")
     p.add_argument("--checks", default="trainer,elastic,h2d",
                    help="comma-separated subset of trainer, elastic, h2d")
     p.add_argument("--elastic-models", default=None,
-                   help="models of the elastic check (default: --models); on a CPU the "
-                        "qwen3_5 one is slow (a Python loop over tokens)")
+                   help="models of the elastic check (default: --models that it can "
+                        f"build, of {ELASTIC_MODELS}); on a CPU the qwen3_5 one is slow (a "
+                        "Python loop over tokens)")
     p.add_argument("--vlm-recipe", default="vlm-mix-demo")
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--resume-dp", type=int, default=4)
@@ -274,6 +302,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--max-pixels", type=int, default=64 * 32 * 32)
     p.add_argument("--min-pixels", type=int, default=0, help="0: the preset's")
+    p.add_argument("--max-patches", type=int, default=0,
+                   help="kimi_k2_5's patch budget an image; 0: the preset's (16384)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-at", type=int, default=4)
     p.add_argument("--lr", type=float, default=8e-4)
@@ -293,10 +323,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.checks = [c for c in args.checks.split(",") if c]
-    args.elastic_models = (args.models if args.elastic_models is None
+    args.elastic_models = ([m for m in args.models if m in ELASTIC_MODELS]
+                           if args.elastic_models is None
                            else [m for m in args.elastic_models.split(",") if m])
-    if unknown := set(args.models + args.elastic_models) - set(TRAINER_CONFIGS):
+    if unknown := set(args.models) - set(TRAINER_CONFIGS):
         p.error(f"--models: unknown {sorted(unknown)}; choose from {sorted(TRAINER_CONFIGS)}")
+    if unknown := set(args.elastic_models) - set(ELASTIC_MODELS):
+        p.error(f"--elastic-models: unknown {sorted(unknown)}; choose from {ELASTIC_MODELS}")
     if unknown := set(args.checks) - {"trainer", "elastic", "h2d"}:
         p.error(f"--checks: unknown {sorted(unknown)}")
     if not 0 < args.save_at < args.steps:

@@ -30,6 +30,10 @@ _EXPORTS: dict[str, str] = {
     # data
     "Dataset": "zephon_core.data.sources",
     "ShuffleSettings": "zephon_core.data.sources",
+    "DatasetSpec": "zephon_core.data.formats",
+    "data_format": "zephon_core.data.formats",
+    "known_formats": "zephon_core.data.formats",
+    "register_format": "zephon_core.data.formats",
     "InMemoryReader": "zephon_core.data.readers",
     "JsonlReader": "zephon_core.data.readers",
     "open_shard": "zephon_core.data.storage",
@@ -69,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "Execution": "zephon_core.engine.execution",
     "parse_workers": "zephon_core.engine.execution",
     "parse_runners": "zephon_core.engine.execution",
+    "parse_resources": "zephon_core.engine.execution",
     "Drained": "zephon_core.engine.loader",
     "StageEvent": "zephon_core.engine.observe",
     "StageStats": "zephon_core.engine.observe",

@@ -1,11 +1,13 @@
 """The vision-language recipe and the built-ins `vlm-demo` and `vlm-mix-demo`.
 
-Operators, per lane: shuffle pointers -> read tar members (or JSONL/Parquet
-records of text datasets) -> decode + resize + patchify (processes) ->
-tokenize with vision tokens (processes) -> pack with limits on vision tokens
-and images per row. A dataset's files decide its kind: ``.tar`` shards are
-WebDataset image/video data, ``.jsonl``/``.parquet`` files text (plain or
-chat), and datasets of both kinds mix by weight in one recipe. With
+Operators, per lane: shuffle pointers -> read samples through each
+dataset's format (tar members, LLaVA/messages/OBELICS records, Parquet rows
+with embedded images, or text records) -> decode + resize + patchify
+(processes) -> tokenize with vision tokens (processes) -> pack with limits on
+vision tokens and images per row. A dataset names its format
+(:mod:`zephon_core.data.formats`; without one, ``.tar`` shards are
+WebDataset data and ``.jsonl``/``.parquet`` files text), and datasets of any
+formats mix by weight in one recipe. With
 ``image_every_row`` (the family's default: on for ``qwen3_5``) a row without
 an image gets a small grey placeholder image (:mod:`zephon_vl.ops.filler`).
 The recipe's model family (:mod:`zephon_vl.families`) decides the special
@@ -30,40 +32,22 @@ from zephon_core import (
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
-    qwen_tokenizer_dir,
 )
+from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_core.recipes.registry import settings_from_table
-from zephon_core.recipes.text import reader_for
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
 from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
-from zephon_vl.wds.index import WebDatasetReader
-from zephon_vl.wds.manifest import reader_from_manifest
+
+#: one dataset: a list of files, one manifest path, a `DatasetSpec`, or its fields as a
+#: mapping (``{"files": [...], "format": "llava", "image_folder": "..."}``)
+DatasetArg = Sequence[str | os.PathLike] | str | DatasetSpec | Mapping[str, Any]
 
 
-def _reader(spec: str | os.PathLike | Sequence[str | os.PathLike],
-            index_cache: str | None) -> Any:
-    """One dataset: a manifest (one ``.json`` path or URL), a list of ``.tar`` shards
-    (WebDataset), or a list of ``.jsonl``/``.parquet`` text files."""
-    if isinstance(spec, (str, os.PathLike)):
-        if not os.fspath(spec).endswith(".json"):
-            raise ConfigError(f"{os.fspath(spec)!r}: a dataset is a list of files or one "
-                              "manifest (.json, from zephon-vl index)")
-        return reader_from_manifest(spec)
-    files = list(spec)
-    suffixes = {os.path.splitext(str(f))[1].lower() for f in files}
-    if suffixes == {".tar"}:
-        return WebDatasetReader(files, cache_dir=index_cache)
-    if ".tar" in suffixes:
-        raise ConfigError(f"a dataset mixes .tar shards with {sorted(suffixes - {'.tar'})} "
-                          "files; give the text files a dataset of their own")
-    return reader_for(files)
-
-
-def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str | os.PathLike]],
+def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                tokenizer: str | os.PathLike, *, seq_len: int = 2048,
                global_batch_size: int = 8, num_lanes: int = 8, seed: int = 0,
                weights: Mapping[str, float] | None = None,
@@ -77,11 +61,14 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
                image_every_row: bool | None = None,
                balance: BalanceSettings | Mapping[str, Any] | None = None) -> Recipe:
-    """A VLM recipe over WebDataset shards and text files for a model `family`.
+    """A VLM recipe over datasets of any registered format for a model `family`.
 
-    A dataset is a list of shard paths or URLs, or one manifest (a path or URL
-    ending in ``.json``, written by ``zephon-vl index``): then building the
-    recipe reads that one file, and no shard. How reads from URLs are retried is
+    A dataset is a list of files (their suffix picks the format: ``.tar``
+    WebDataset shards, ``.jsonl``/``.parquet`` text), one manifest (a path or
+    URL ending in ``.json``, written by ``zephon-vl index``: then building the
+    recipe reads that one file, and no shard), or a `DatasetSpec` (or its
+    fields as a mapping) that names its ``format`` (``llava``, ``parquet``,
+    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are retried is
     an execution setting (`Execution.retry`): it never changes a batch.
 
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
@@ -92,14 +79,20 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     under `balance` (a `BalanceSettings` or its ``[balance]`` table).
     """
     family = vision_family(family)
-    named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
+    named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
+             else {"data": shards})
     weights = dict(weights or {})
     if set(weights) - set(named):
         raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    datasets = [Dataset(n, _reader(s, index_cache), float(weights.get(n, 1.0)))
-                for n, s in named.items()]
+    datasets = []
+    for n, spec in named.items():
+        try:
+            datasets.append(Dataset(n, dataset_reader(spec, index_cache),
+                                    float(weights.get(n, 1.0))))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {n!r}: {exc}") from None
     special = family.special_tokens(load_tokenizer(tokenizer))
     if image_every_row is None:
         image_every_row = family.image_every_row
@@ -142,6 +135,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                   collate=family.collate(seq_len, image, special))
 
 
+def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
+    """The demos' tokenizer: ``tokenizer`` if given, else the recipe family's own (the
+    bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
+    given = overrides.pop("tokenizer", None)
+    return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
+
+
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
              seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
@@ -149,7 +149,8 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
 
     demo = build_demo_dataset(num_samples=num_samples)
     image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    return vlm_recipe([str(s) for s in demo.shards], qwen_tokenizer_dir(), seq_len=seq_len,
+    return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
+                      seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, name="vlm-demo", **overrides)
 
@@ -176,7 +177,7 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
         overrides.setdefault("balance", MIX_DEMO_BALANCE)
     return vlm_recipe({"photos": [str(s) for s in demo.shards],
                        "text": [str(p) for p in text_corpus()]},
-                      qwen_tokenizer_dir(), seq_len=seq_len,
+                      _demo_tokenizer(overrides), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
                       image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
 

@@ -81,14 +81,22 @@ def test_unknown_config_is_a_clear_error(capsys):
     assert "has no config 'zephon_nope'; known: zephon_" in capsys.readouterr().err
 
 
+CONFIGS = {"qwen3_5": QWEN, "kimi_k2_5": "zephon_kimi_debug", "muse_glimmer": "zephon_muse_debug"}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def family_config(request):
+    return load_titan_config(CONFIGS[request.param])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["vlm-demo", "vlm-mix-demo"])
 @pytest.mark.parametrize("dp", [1, 2, 8])
-def test_a_full_pass_passes_the_model_checks(qwen_config, recipe, dp):
-    """One whole pass (epochs=1) at D ranks, one micro-batch of G/D rows per rank and step,
-    so each D cuts the global batch into other micro-batches."""
-    G = qwen_config.dataloader.global_batch_size
-    report = check_titan_batches(qwen_config, dp, None, G // dp, recipe=recipe)
+def test_a_full_pass_passes_the_model_checks(family_config, recipe, dp):
+    """Every family: one whole pass (epochs=1) at D ranks, one micro-batch of G/D rows per
+    rank and step, so each D cuts the global batch into other micro-batches."""
+    G = family_config.dataloader.global_batch_size
+    report = check_titan_batches(family_config, dp, None, G // dp, recipe=recipe)
     # a finite pass ends per rank, at the first step its own lanes cannot fill
     assert report.steps > 50 and report.rows == sum(report.steps_per_rank) * (G // dp)
     assert report.micro_batches_without_vision == 0  # guarantee 10 (image_every_row)

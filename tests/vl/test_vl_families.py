@@ -28,6 +28,7 @@ from tests.helpers.vl import (
     reference,
     special,
     text_ids,
+    tokenizer_dir,
 )
 from zephon_core import ConfigError, Loader, batch_digest
 from zephon_vl import (
@@ -204,3 +205,85 @@ def test_a_registered_family_through_torchtitan(tiny, tmp_path_factory, tmp_path
         build("text")  # a text model would never see the images
     with pytest.raises(ConfigError, match="built for model family 'tiny-vl', not 'qwen3_5'"):
         build("qwen3_5")
+
+
+class TinyPatchFamily(TinyFamily):
+    """A test family with a geometry of its own: patch 8, one frame per patch, raster
+    order, a budget of 64 patches with padding. The class attributes are all it takes."""
+
+    name = "tiny-patches"
+    preset = {"patch_size": 8, "temporal_patch_size": 1, "merge_size": 2,
+              "patch_order": "raster", "resize": "patches", "max_patches": 64,
+              "max_patches_per_side": 16}
+
+
+@pytest.fixture
+def tiny_patches():
+    family = TinyPatchFamily()
+    register_family(family)
+    yield family
+    unregister_family(family.name)
+
+
+def test_a_family_owns_its_geometry(tiny_patches, tmp_path_factory) -> None:
+    image = tiny_patches.image_settings(max_pixels=100352)
+    assert (image.patch_size, image.temporal_patch_size, image.patch_order, image.resize,
+            image.max_patches) == (8, 1, "raster", "patches", 64)
+    recipe = make_recipe(demo_shards(tmp_path_factory), family="tiny-patches", image=image)
+    fingerprint = json.dumps(recipe.fingerprint())
+    assert '"patch_order": "raster"' in fingerprint and '"resize": "patches"' in fingerprint
+    tiny_patches.check_recipe(recipe)
+    with Loader(recipe, 0, 1, LEAN) as loader:
+        batch = next(loader)
+    grid = batch["grid_thw"]
+    assert batch["pixel_values"].shape[1] == 3 * 1 * 8 * 8
+    assert (grid[:, 1:] % 2 == 0).all() and (grid[:, 0] > 1).any()  # videos: frame by frame
+    # every frame scaled down to <= 64 patches, then padded by < 16 pixels (2 patches) a side
+    assert ((grid[:, 1] - 2) * (grid[:, 2] - 2) < 64).all() and (grid[:, 1:] <= 18).all()
+    assert (grid[:, 1] * grid[:, 2] > 64).any()  # the padding, not the budget
+    # a recipe with another encoder geometry is refused, naming the preset
+    other = make_recipe(demo_shards(tmp_path_factory), family="tiny-patches")
+    with pytest.raises(ConfigError, match="image_preset tiny-patches"):
+        tiny_patches.check_recipe(other)
+
+
+def test_new_image_settings_keep_old_fingerprints() -> None:
+    from zephon_vl import ImageSettings
+
+    old = ImageSettings().settings_dict()
+    assert not {"patch_order", "resize", "max_patches", "max_patches_per_side"} & set(old)
+    raster = ImageSettings(patch_order="raster").settings_dict()
+    assert raster["patch_order"] == "raster" and raster != old
+    with pytest.raises(ConfigError, match="patch_order"):
+        ImageSettings(patch_order="zigzag")
+    with pytest.raises(ConfigError, match="resize"):
+        ImageSettings(resize="crop")
+
+
+def test_kimi_and_muse_layouts() -> None:
+    from zephon_core import load_tokenizer
+    from zephon_vl import kimi_tokenizer_dir
+
+    kimi = get_family("kimi_k2_5")
+    tok = load_tokenizer(kimi_tokenizer_dir())
+    sp = kimi.special_tokens(tok)
+    ids = dict(zip(["<|media_begin|>", "<|media_pad|>", "<|media_end|>", "[PAD]", "<|im_user|>",
+                    "<|im_middle|>", "<|im_end|>"],
+                   tok.convert_tokens_to_ids(["<|media_begin|>", "<|media_pad|>",
+                                              "<|media_end|>", "[PAD]", "<|im_user|>",
+                                              "<|im_middle|>", "<|im_end|>"]), strict=True))
+    patches = VisionPatches(np.zeros((24, 3 * 14 * 14), np.uint8), np.array([1, 4, 6]))
+    assert kimi.placeholder(sp, patches, 2, video=False).tolist() == \
+        [ids["<|media_begin|>"]] + [ids["<|media_pad|>"]] * 6 + [ids["<|media_end|>"]]
+    assert sp.pad == ids["[PAD]"] and kimi.vision_token_ids(sp) == (ids["<|media_pad|>"],)
+    encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    opening, closing = kimi.chat_turn(sp, "user", encode)
+    assert opening == [ids["<|im_user|>"], *encode("user"), ids["<|im_middle|>"]]
+    assert closing == [ids["<|im_end|>"]]
+    with pytest.raises(ConfigError, match="lacks Kimi's special tokens"):
+        kimi.special_tokens(load_tokenizer(get_family("qwen3_5").tokenizer_dir()))
+    muse, qsp = get_family("muse_glimmer"), special()
+    video = VisionPatches(np.zeros((48, 3 * 2 * 14 * 14), np.uint8), np.array([2, 4, 6]))
+    run = [qsp.vision_start] + [qsp.video_pad] * 6 + [qsp.vision_end]
+    assert muse.placeholder(qsp, video, 2, video=True).tolist() == run * 2
+    assert muse.preset["patch_order"] == "raster" and muse.tokenizer_dir() == tokenizer_dir()

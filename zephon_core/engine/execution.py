@@ -46,6 +46,12 @@ def parse_runners(spec: str | Iterable[str]) -> dict[str, str]:
     return parse_op_values(spec, str, "KIND")
 
 
+def parse_resources(spec: str | Iterable[str]) -> dict[str, float]:
+    """``"zephon_cpu=1"`` -> ``{"zephon_cpu": 1.0}``: `Execution.ray_resources` from the
+    command line or the TorchTitan config (see `parse_op_values`)."""
+    return parse_op_values(spec, float, "N")
+
+
 @dataclass
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
@@ -55,11 +61,13 @@ class Execution:
     path, ``runner="auto"``: each operator's own preference, processes for
     read, decode and tokenize, inline for cheap maps; ``inline`` runs
     everything in the calling thread (the reference, and the cheapest for tiny
-    runs). `runners` and `workers` override the runner and worker count per
-    operator name. Process stages default to the machine's worker budget
-    (`default_workers=None`: usable cores // ranks on this machine, torchrun's
-    ``LOCAL_WORLD_SIZE``, at least 1), thread stages to one thread; an explicit
-    setting wins.
+    runs); ``ray`` runs stateless stages as tasks on a Ray cluster (docs/ray.md,
+    needs ``pip install 'zephon-vl[ray]'``). `runners` and `workers` override the
+    runner and worker count per operator name. Process and Ray stages default
+    to the machine's worker budget (`default_workers=None`: usable cores //
+    ranks on this machine, torchrun's ``LOCAL_WORLD_SIZE``, at least 1; for Ray,
+    the tasks of one rank and stage running at once), thread stages to one
+    thread; an explicit setting wins.
     Consecutive transforms with the same runner and worker count are fused
     into one stage (one worker call per group). `retry` and `coalesce` govern
     reads from URLs (docs/storage.md); every stage carries them to its workers.
@@ -107,11 +115,24 @@ class Execution:
     collate_in: str = "driver"
     #: collate into page-locked memory (CUDA hosts), ready for a non_blocking copy
     pin_memory: bool = False
+    #: with the ray runner: the cluster's head, ``host:port`` (None: ``RAY_ADDRESS``, else
+    #: the latest cluster started on this machine, else a local Ray instance). docs/ray.md
+    ray_address: str | None = None
+    #: with the ray runner: custom resources every task asks for besides one CPU, e.g.
+    #: ``{"zephon_cpu": 1}``, offered only by the CPU-only node pool (``ray start
+    #: --resources``), so tasks never take the trainers' CPUs
+    ray_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for kind in [self.runner, *self.runners.values()]:
             if kind not in (*RUNNERS, "auto"):
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
+        bad = {k: v for k, v in self.ray_resources.items()
+               if not isinstance(k, str) or isinstance(v, bool)
+               or not isinstance(v, int | float) or not v > 0}
+        if bad:
+            raise ConfigError(f"ray_resources must map resource names to amounts > 0, e.g. "
+                              f"{{'zephon_cpu': 1}}; got {bad}")
         if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
             raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
         if self.stall_seconds is not None and not self.stall_seconds > 0:
@@ -148,7 +169,7 @@ class Execution:
             return kind, 1
         default = self.default_workers
         if default is None:
-            default = worker_budget() if kind == "processes" else 1
+            default = worker_budget() if kind in ("processes", "ray") else 1
         return kind, self.workers.get(t.name, default)
 
     def budget_note(self) -> str:

@@ -19,7 +19,7 @@ lane), each ``{"lane", "samples": [{"dataset", "shard", "index", "epoch",
 "seq", "key"?, "span": [start, end], "digest": {field: hex16}}]}``; a sample's
 digest is `zephon_core.common.digest.sample_digest` of its payload, computed
 by the worker that made it. ``drops`` are the drops reported at that step,
-``{"lane", "dataset", "shard", "index", "epoch", "seq", "reason"}``.
+``{"lane", "dataset", "shard", "index", "epoch", "seq", "key"?, "reason"}``.
 
 A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON);
 the step digest is the SHA-256 of ``"lane:digest\\n"`` over the lanes in
@@ -95,7 +95,15 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 sample["digest"] = d
                 samples.append(sample)
             lane_rows.append(samples)
-        drops = [{**_origin(o), "reason": reason} for row in mine for o, reason in row.drops]
+        drops = []
+        for row in mine:
+            for o, reason in row.drops:
+                drop: dict[str, Any] = _origin(o)
+                key = keys(o.dataset, o.shard, o.index) if keys else None
+                if key is not None:
+                    drop["key"] = key
+                drop["reason"] = reason
+                drops.append(drop)
         out[lane] = {"rows": lane_rows, "drops": drops,
                      "digest": _sha({"rows": lane_rows, "drops": drops})}
     return out

@@ -99,12 +99,13 @@ class Plan:
                        storage=self.execution.storage())
 
     def release_driver_tokenizers(self) -> None:
-        """When every tokenizing transform runs in worker processes (each loads its own):
+        """When every tokenizing transform runs in worker processes or Ray tasks (each
+        worker loads its own):
         drop the tokenizers this process loaded to build the recipe or to recompute
         payloads on restore, and return their memory."""
         stages = [s for s in self.stages if s.kind == "transform"
                   and any(isinstance(op, TokenizerTransform) for op in s.ops)]
-        if not stages or any(s.runner_kind != "processes" for s in stages):
+        if not stages or any(s.runner_kind not in ("processes", "ray") for s in stages):
             return
         for s in stages:
             for op in s.ops:
@@ -115,7 +116,8 @@ class Plan:
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
-                                     ex.start_method, s.name, ex.group_timeout)
+                                     ex.start_method, s.name, ex.group_timeout,
+                                     ex.ray_address, ex.ray_resources)
                 for s in self.stages if s.kind == "transform"}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,
@@ -129,6 +131,9 @@ class Plan:
             if s.kind == "transform":
                 par = "in the driver thread" if s.runner_kind == "inline" else \
                     f"{s.workers} {s.runner_kind[:-1] if s.workers == 1 else s.runner_kind}"
+                if s.runner_kind == "ray":
+                    par = (f"{s.workers} Ray task{'s' if s.workers > 1 else ''} at once"
+                           + (f" on nodes with {ex.ray_resources}" if ex.ray_resources else ""))
                 lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
                              f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
                              "per lane]")

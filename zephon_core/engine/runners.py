@@ -1,6 +1,7 @@
-"""Runners execute a stage's stateless work: inline, on threads, or in a process pool.
+"""Runners execute a stage's stateless work: inline, on threads, in a process pool, or as
+Ray tasks on a cluster (`zephon_core.engine.ray_runner`, imported only when asked for).
 
-All three return futures; the engine consumes them in submission order, so
+All of them return futures; the engine consumes them in submission order, so
 the runner never changes the data, only where and when the work happens.
 
 The process pool is ours rather than `concurrent.futures`' because it must
@@ -35,7 +36,7 @@ from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element
 
 log = logging.getLogger(__name__)
-RUNNERS = ("inline", "threads", "processes")
+RUNNERS = ("inline", "threads", "processes", "ray")
 MAX_ATTEMPTS = 3
 #: A pool that has started once gives up on replacements killed by a signal while
 #: they start only after this long with none ready and no group answered ...
@@ -570,11 +571,16 @@ def _close_all() -> None:
 
 
 def make_runner(kind: str, fn: StageFn, workers: int, start_method: str, name: str,
-                group_timeout: float | None = None) -> Runner:
+                group_timeout: float | None = None, ray_address: str | None = None,
+                ray_resources: dict[str, float] | None = None) -> Runner:
     if kind == "inline":
         return InlineRunner(fn)
     if kind == "threads":
         return ThreadRunner(fn, workers)
     if kind == "processes":
         return ProcessRunner(fn, workers, start_method, name, group_timeout)
+    if kind == "ray":
+        from zephon_core.engine.ray_runner import RayRunner
+
+        return RayRunner(fn, workers, name, group_timeout, ray_address, ray_resources)
     raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")

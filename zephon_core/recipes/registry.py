@@ -23,6 +23,12 @@ A TOML recipe file looks like::
     [[datasets]]                  # WebDataset kinds: shard URLs, or one manifest
     name = "laion"
     manifest = "s3://bucket/laion/manifest.json"   # from `zephon-vl index`
+    [[datasets]]                  # a named format (zephon_core.data.formats)
+    name = "llava"
+    format = "llava"
+    files = ["llava_instruct_150k.json"]
+    image_folder = "coco/train2017"
+    fields = { conversations = "turns" }          # renamed fields, if any
 
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
@@ -40,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError
@@ -59,7 +66,11 @@ _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",
     "vlm": "zephon_vl.recipes:vlm_recipe",
 }
-_DATASET_KEYS = ("name", "files", "manifest", "weight")
+_DATASET_KEYS = ("name", "files", "manifest", "weight", "format", "fields")
+#: dataset options that name folders: resolved relative to the TOML file like files
+_FOLDER_OPTIONS = ("image_folder", "video_folder")
+#: other options a format may take (it refuses the ones it does not)
+_OTHER_OPTIONS = ("row_group_cache",)
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
@@ -147,24 +158,45 @@ def _check_keys(factory: RecipeFactory, fields: dict[str, Any], kind: str) -> No
                               f"datasets, {', '.join(known)}")
 
 
-def _datasets(tables: Any, base: Path) -> tuple[dict[str, list[str]], dict[str, float]]:
-    """``[[datasets]]`` -> files by dataset name (relative to `base`) and weights."""
+def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """``[[datasets]]`` -> each dataset by name (relative to `base`) and weights.
+
+    A dataset is its files list (or manifest) when the table names no format,
+    fields or options, as factories always took it; else a `DatasetSpec`.
+    """
     if not tables or not isinstance(tables, list):
         raise ConfigError("a recipe file needs at least one [[datasets]] table")
-    files: dict[str, list[str]] = {}
+    files: dict[str, Any] = {}
     weights: dict[str, float] = {}
+    keys = (*_DATASET_KEYS, *_FOLDER_OPTIONS, *_OTHER_OPTIONS)
     for i, d in enumerate(tables):
-        unknown = sorted(set(d) - set(_DATASET_KEYS))
+        unknown = sorted(set(d) - set(keys))
         if unknown:
             raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; "
-                              f"known: {', '.join(_DATASET_KEYS)}")
+                              f"known: {', '.join(keys)}")
         if "name" not in d or bool(d.get("files")) == bool(d.get("manifest")):
             raise ConfigError(f"[[datasets]] #{i + 1} needs a name and either a files list "
                               "or a manifest")
         if d.get("manifest"):
-            files[d["name"]] = _location(d["manifest"], base)
+            found: Any = _location(d["manifest"], base)
         else:
-            files[d["name"]] = [_location(f, base) for f in d["files"]]
+            if not isinstance(d["files"], list):
+                raise ConfigError(f"[[datasets]] #{i + 1}: files must be a list of paths or "
+                                  "URLs")
+            found = [_location(f, base) for f in d["files"]]
+        options = {k: _location(d[k], base) for k in _FOLDER_OPTIONS if k in d}
+        options.update({k: d[k] for k in _OTHER_OPTIONS if k in d})
+        if "format" in d or "fields" in d or options:
+            fmt = d.get("format")
+            if fmt is not None and not isinstance(fmt, str):
+                raise ConfigError(f"[[datasets]] #{i + 1}: format must be a string, got "
+                                  f"{fmt!r}; known: {', '.join(known_formats())}")
+            fields = d.get("fields", {})
+            if not isinstance(fields, dict):
+                raise ConfigError(f"[[datasets]] #{i + 1}: fields must be a table "
+                                  "(fields = { field = \"column\" })")
+            found = DatasetSpec(found, fmt, fields, options)
+        files[d["name"]] = found
         weights[d["name"]] = float(d.get("weight", 1.0))
     return files, weights
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_core.data.formats import DatasetSpec, as_spec, dataset_reader
 from zephon_core.data.read import Read
 from zephon_core.data.readers import JsonlReader, ParquetReader, ShardReader
 from zephon_core.data.sources import Dataset, ShuffleSettings
@@ -30,7 +31,7 @@ Files = Sequence[str | os.PathLike]
 
 
 def reader_for(files: Files) -> ShardReader:
-    """A JSONL or Parquet reader, chosen by the files' suffix."""
+    """The ``text`` format's reader: JSONL or Parquet, by the files' suffix."""
     paths = [Path(f) for f in files]
     if not paths:
         raise ConfigError("a dataset needs at least one file")
@@ -57,14 +58,25 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     unknown = set(weights) - set(named)
     if unknown:
         raise ConfigError(f"weights name datasets that do not exist: {sorted(unknown)}")
-    datasets = [Dataset(n, reader_for(f), float(weights.get(n, 1.0))) for n, f in named.items()]
+    datasets = []
+    for n, f in named.items():
+        spec = as_spec(f)
+        if spec.fields:
+            raise ConfigError(f"dataset {n!r}: a text recipe reads the key text_key names "
+                              f"({text_key!r}); set text_key instead of fields")
+        spec = DatasetSpec(spec.files, spec.format, {"text": text_key}, spec.options)
+        try:
+            reader = dataset_reader(spec, allowed=("text",))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {n!r}: {exc}") from None
+        datasets.append(Dataset(n, reader, float(weights.get(n, 1.0))))
     pad_id = load_tokenizer(tokenizer).pad_token_id or 0
     ops = []
     if shuffle_buffer > 0:
         ops.append(Shuffle(shuffle_buffer))
     ops += [
         Read([d.reader for d in datasets], on_error=on_error),
-        Tokenize(tokenizer, text_key=text_key, on_error=on_error),
+        Tokenize(tokenizer, text_key="text", on_error=on_error),  # readers rename text_key
         MinTokens(min_tokens),
         Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong=overlong,
              pad_id=pad_id),

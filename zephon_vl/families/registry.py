@@ -1,6 +1,7 @@
 """Model families by name: the built-in ones, and those a user registers.
 
-The registry starts with the built-in families (``text``, ``qwen3_5``) and
+The registry starts with the built-in families (``text``, ``qwen3_5``,
+``kimi_k2_5``, ``muse_glimmer``) and
 changes only through explicit calls: importing a family's module registers
 nothing. A family's name is the ``model_format`` that selects it in
 ``ZephonDataLoader.Config`` and the ``family`` of a ``vlm`` recipe file.
@@ -12,13 +13,16 @@ from typing import TYPE_CHECKING
 
 from zephon_core import ConfigError
 from zephon_vl.families.base import ModelFamily, VisionFamily
+from zephon_vl.families.kimi import KimiK25
+from zephon_vl.families.muse import MuseGlimmer
 from zephon_vl.families.qwen import QwenVL
 from zephon_vl.families.text import TextFamily
 
 if TYPE_CHECKING:
     from zephon_core import Recipe
 
-_FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (TextFamily(), QwenVL())}
+_FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (TextFamily(), QwenVL(), KimiK25(),
+                                                          MuseGlimmer())}
 
 
 def register_family(family: ModelFamily, *, replace: bool = False) -> None:

@@ -1,4 +1,9 @@
-"""Image decode, resize and patch layout for Qwen2-VL style vision encoders.
+"""Image decode, resize and patch layout for Qwen2-VL style vision encoders (and others).
+
+The settings choose the size rule (``resize``: Qwen's pixel budget, or
+Kimi's patch budget with padding) and the patch row order (``patch_order``:
+Qwen's merge blocks, or raster); a model family's preset picks them
+(:mod:`zephon_vl.families`).
 
 One call, :func:`process_image`, turns encoded bytes into the patch rows a
 Qwen2-VL / TorchTitan ``qwen3_5`` vision tower eats: ``pixel_values`` of shape
@@ -44,8 +49,10 @@ __all__ = [
     "normalization_table",
     "normalize_patches",
     "open_image",
+    "pad_frames",
     "patch_rows",
     "frame_rows_uint8",
+    "patch_budget_resize",
     "patchify",
     "pillow_backend",
     "process_image",
@@ -55,6 +62,18 @@ __all__ = [
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+#: How an image's size is chosen (``ImageSettings.resize``): "pixels" = `smart_resize`
+#: (sides multiples of patch x merge, area in [min_pixels, max_pixels], small images
+#: scaled up: Qwen-VL); "patches" = `patch_budget_resize` (scale down, never up, to at
+#: most ``max_patches`` patches and ``max_patches_per_side`` a side, then pad right and
+#: bottom with black to a multiple of patch x merge: Kimi-VL / MoonViT).
+RESIZE_RULES = ("pixels", "patches")
+#: Row order of an image's patches (``ImageSettings.patch_order``): "block" = the
+#: merge_size x merge_size patches of one LLM token are consecutive rows (Qwen-VL's
+#: merger); "raster" = plain row-major (t, h, w) (encoders whose position embeddings
+#: index ``row = p // w``: MoonViT, Muse Glimmer).
+PATCH_ORDERS = ("block", "raster")
 
 #: Sample member (and image file) extensions that hold an image: what the shard
 #: writer packs, and what the decoder looks for in a sample. A GIF is its first
@@ -139,6 +158,15 @@ class ImageSettings:
     #: Turn the image upright by its EXIF orientation first, as cameras record it and as
     #: transformers' ``load_image`` does; the patch grid then follows the upright size.
     exif_transpose: bool = True
+    #: The row order of the patches (`PATCH_ORDERS`): "block" (Qwen-VL) or "raster".
+    patch_order: str = "block"
+    #: The size rule (`RESIZE_RULES`): "pixels" (`smart_resize`, min/max_pixels) or
+    #: "patches" (`patch_budget_resize`, max_patches/max_patches_per_side, padding).
+    resize: str = "pixels"
+    #: With ``resize="patches"``: the most patches an image (or video frame) keeps.
+    max_patches: int = 16384
+    #: With ``resize="patches"``: the most patches a side keeps (the encoder's position grid).
+    max_patches_per_side: int = 512
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"):
@@ -159,6 +187,15 @@ class ImageSettings:
             raise ConfigError(
                 f"ImageSettings.resample must be one of {sorted(_RESAMPLE)}, got {self.resample!r}"
             )
+        if self.patch_order not in PATCH_ORDERS:
+            raise ConfigError(f"ImageSettings.patch_order must be one of {PATCH_ORDERS}, "
+                              f"got {self.patch_order!r}")
+        if self.resize not in RESIZE_RULES:
+            raise ConfigError(f"ImageSettings.resize must be one of {RESIZE_RULES}, "
+                              f"got {self.resize!r}")
+        if self.max_patches < 1 or self.max_patches_per_side < 1:
+            raise ConfigError("ImageSettings.max_patches and max_patches_per_side must be "
+                              f">= 1, got {self.max_patches} and {self.max_patches_per_side}")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
             raise ConfigError("ImageSettings.image_mean/image_std need 3 values, std > 0")
         # Normalize list inputs to tuples so the dataclass stays hashable.
@@ -171,11 +208,25 @@ class ImageSettings:
         return self.patch_size * self.merge_size
 
     def settings_dict(self) -> dict:
-        """JSON-able view of every field, for checkpoint fingerprints."""
+        """JSON-able view of every field, for checkpoint fingerprints.
+
+        The geometry fields added after the first release (`_LATER_FIELDS`) are
+        left out while they hold their defaults, so the fingerprints of
+        checkpoints written before them stay valid; any other value is in, and
+        a resume with a different one is refused.
+        """
         d = asdict(self)
         d["image_mean"] = list(self.image_mean)
         d["image_std"] = list(self.image_std)
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
         return d
+
+
+#: Fields that are in `ImageSettings.settings_dict` only when they differ from these.
+_LATER_FIELDS = {"patch_order": "block", "resize": "pixels", "max_patches": 16384,
+                 "max_patches_per_side": 512}
 
 
 @dataclass
@@ -224,6 +275,36 @@ def smart_resize(
     return h, w
 
 
+def patch_budget_resize(height: int, width: int, patch_size: int, max_patches: int,
+                        max_patches_per_side: int) -> tuple[int, int]:
+    """Target (h, w) of the "patches" rule: scaled down (never up, aspect kept) to at most
+    `max_patches` patches of `patch_size` and `max_patches_per_side` a side.
+
+    The result is not a multiple of the patch grid: the frames are padded with
+    black right and bottom to a multiple of patch x merge afterwards
+    (`pad_frames`). Same arithmetic as TorchTitan's ``resize_to_patch_budget``
+    (float scale, ``int()`` truncation), so grids and token counts match it.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"image side must be >= 1, got {height}x{width}")
+    patches = max(1.0, height // patch_size) * max(1.0, width // patch_size)
+    side = max_patches_per_side * patch_size
+    scale = min(1.0, math.sqrt(max_patches / patches), side / height, side / width)
+    return (min(max(1, int(height * scale)), side), min(max(1, int(width * scale)), side))
+
+
+def pad_frames(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
+    """uint8 ``[F, H, W, 3]`` padded with zeros (black) right and bottom to multiples of
+    ``settings.factor`` (the "patches" rule); returned as is when already there."""
+    f, h, w, c = frames.shape
+    ph, pw = -h % settings.factor, -w % settings.factor
+    if not ph and not pw:
+        return frames
+    out = np.zeros((f, h + ph, w + pw, c), dtype=frames.dtype)
+    out[:, :h, :w] = frames
+    return out
+
+
 @functools.lru_cache(maxsize=16)
 def normalization_table(settings: ImageSettings) -> np.ndarray:
     """The read-only float32 ``[3 * 256]`` table that normalizes uint8 value v of channel c."""
@@ -261,8 +342,12 @@ def normalize_patches(pixel_values_uint8: np.ndarray, settings: ImageSettings) -
     return lut[pixel_values_uint8.reshape(n, 3, d // 3) + _CHANNEL_OFFSET].reshape(n, d)
 
 
-def _patchify(frames: np.ndarray, p: int, m: int, tp: int) -> np.ndarray:
-    """uint8 ``[F, H, W, 3]`` -> uint8 rows ``[F/tp * gh * gw, 3 * tp * p * p]``; F == 1 repeats."""
+def _patchify(frames: np.ndarray, p: int, m: int, tp: int, order: str = "block") -> np.ndarray:
+    """uint8 ``[F, H, W, 3]`` -> uint8 rows ``[F/tp * gh * gw, 3 * tp * p * p]``; F == 1 repeats.
+
+    `order` "raster" is block order with merge size 1: every patch its own block."""
+    if order == "raster":
+        m = 1
     f, h, w, c = frames.shape
     if f != 1 and f % tp:
         raise ValueError(f"frame count {f} is neither 1 nor a multiple of {tp}")
@@ -284,12 +369,14 @@ def _patchify(frames: np.ndarray, p: int, m: int, tp: int) -> np.ndarray:
 def patchify(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
     """uint8 ``[F, H, W, 3]`` (F = 1 or a multiple of T) -> uint8 rows ``[gt*gh*gw, 3*T*P*P]``.
 
-    Row order is (t, h-block, w-block, h-in-block, w-in-block) and each row is
-    (channel, temporal, py, px): the merge_size x merge_size patches of one
-    LLM token are consecutive rows, as transformers lays them out. A single
-    frame is repeated over the temporal axis, as transformers does.
+    Row order (``settings.patch_order``) is "block": (t, h-block, w-block,
+    h-in-block, w-in-block), the merge_size x merge_size patches of one LLM
+    token consecutive, as transformers lays them out; or "raster": (t, h, w).
+    Each row is (channel, temporal, py, px). A single frame is repeated over
+    the temporal axis, as transformers does.
     """
-    return _patchify(frames, settings.patch_size, settings.merge_size, settings.temporal_patch_size)
+    return _patchify(frames, settings.patch_size, settings.merge_size,
+                     settings.temporal_patch_size, settings.patch_order)
 
 
 def finish_patches(frames: np.ndarray, settings: ImageSettings,
@@ -300,19 +387,22 @@ def finish_patches(frames: np.ndarray, settings: ImageSettings,
     half the bytes to lay out, move between processes and hold until collate.
     """
     p, m, tp = settings.patch_size, settings.merge_size, settings.temporal_patch_size
+    order = settings.patch_order
+    if settings.resize == "patches":
+        frames = pad_frames(frames, settings)
     f, h, w, _ = frames.shape
     if one_frame and f == 1:
-        rows = _patchify(frames, p, m, 1)
+        rows = _patchify(frames, p, m, 1, order)
         if settings.normalize == "worker":
             rows = normalize_patches(rows, settings)
     elif settings.normalize != "worker":
-        rows = _patchify(frames, p, m, tp)
+        rows = _patchify(frames, p, m, tp, order)
     elif f == 1:  # normalize one copy, then repeat it: half the table lookups
-        one = normalize_patches(_patchify(frames, p, m, 1), settings)
+        one = normalize_patches(_patchify(frames, p, m, 1, order), settings)
         n, k = one.shape[0], one.shape[1] // 3
         rows = np.broadcast_to(one.reshape(n, 3, 1, k), (n, 3, tp, k)).reshape(n, 3 * tp * k)
     else:
-        rows = normalize_patches(_patchify(frames, p, m, tp), settings)
+        rows = normalize_patches(_patchify(frames, p, m, tp, order), settings)
     grid = np.array([max(1, f // tp), h // p, w // p], dtype=np.int64)
     return VisionPatches(pixel_values=rows, grid_thw=grid)
 
@@ -356,10 +446,15 @@ def _orientation(img: Image.Image, settings: ImageSettings) -> int:
 def target_size(
     height: int, width: int, settings: ImageSettings, where: str, max_pixels: int | None = None
 ) -> tuple[int, int]:
-    """smart_resize with the settings' budget; its ValueErrors become BadSampleError."""
+    """The resize target by the settings' rule (`RESIZE_RULES`); ValueErrors become
+    BadSampleError. `max_pixels` (a video's per-frame budget) replaces the settings'
+    under the "pixels" rule; the "patches" rule has its patch budget for every frame."""
     if height < 1 or width < 1:
         raise BadSampleError("image_too_small", where, f"{width}x{height}")
     try:
+        if settings.resize == "patches":  # no aspect limit: TorchTitan's rule has none
+            return patch_budget_resize(height, width, settings.patch_size,
+                                       settings.max_patches, settings.max_patches_per_side)
         budget = settings.max_pixels if max_pixels is None else max_pixels
         th, tw = smart_resize(height, width, settings.factor, settings.min_pixels, budget)
     except ValueError as e:

@@ -84,7 +84,7 @@ class VLCollate:
         segs = [seg for row in rows for seg in row.segments]
         if not segs:
             return
-        unit = self.image.merge_size ** 2
+        merge, count = self.image.merge_size, self.family.item_tokens
         tokens = np.concatenate([np.asarray(s.payload["tokens"])[s.start:s.end] for s in segs])
         vision = np.zeros(len(tokens), dtype=bool)
         for v in self._vision_ids:  # a few ids: one comparison each beats np.isin's sort
@@ -92,8 +92,7 @@ class VLCollate:
         counted = np.concatenate(([0], np.cumsum(vision)))
         ends = np.cumsum([s.end - s.start for s in segs])
         found = counted[ends] - counted[np.concatenate(([0], ends[:-1]))]
-        want = [int((np.asarray(s.payload["grid_thw"], dtype=np.int64).reshape(-1, 3)
-                     .prod(axis=1) // unit).sum()) for s in segs]
+        want = [sum(count(g, merge) for g in s.payload["grid_thw"]) for s in segs]
         for seg, f, w in zip(segs, found.tolist(), want, strict=True):
             if f != w:
                 raise BadSampleError(

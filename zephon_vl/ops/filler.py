@@ -19,7 +19,7 @@ import numpy as np
 
 from zephon_core.ops.pack import RowFiller
 from zephon_vl.families.base import VisionFamily
-from zephon_vl.media.image import ImageSettings, finish_patches, smart_resize
+from zephon_vl.media.image import ImageSettings, finish_patches, target_size
 
 #: The filler's grey level (the middle of uint8; about zero after normalization).
 GREY = 128
@@ -28,14 +28,15 @@ GREY = 128
 def image_filler(image: ImageSettings, family: VisionFamily, special: Any) -> RowFiller:
     """The row filler for `family`'s recipes: one grey image at the minimum grid."""
     side = image.patch_size * image.merge_size
-    h, w = smart_resize(side, side, side, image.min_pixels, image.max_pixels)
+    h, w = target_size(side, side, image, "the row filler")
     frames = np.full((1, h, w, 3), GREY, dtype=np.uint8)
     patches = finish_patches(frames, image, one_frame=True)
     tokens = family.placeholder(special, patches, image.merge_size, False).astype(np.int32)
     payload = {
         "tokens": tokens,
         "targets": np.zeros(len(tokens), dtype=bool),
-        "costs": {"vision_tokens": patches.num_tokens(image.merge_size), "images": 1},
+        "costs": {"vision_tokens": family.item_tokens(patches.grid_thw, image.merge_size),
+                  "images": 1},
         "pixel_values": [patches.pixel_values],
         "grid_thw": [patches.grid_thw],
     }

@@ -1,7 +1,8 @@
 """Vision-language transforms: decode images/videos, and tokenize text with vision tokens.
 
-`DecodeVision` turns a WebDataset sample (member bytes) into a *document*:
-its kind, its text parts and its images as patch rows. A record of a text
+`DecodeVision` turns a WebDataset sample (member bytes), or a sample of a
+record format (`zephon_vl.formats`: turns or parts with media bytes), into a
+*document*: its kind, its text parts and its images as patch rows. A record of a text
 dataset (JSONL/Parquet, no ``__key__``) passes through as a document with no
 vision items, so one recipe mixes text-only and image/video datasets. `TokenizeMultimodal`
 turns the document into tokens where each image becomes its model family's
@@ -30,6 +31,7 @@ from zephon_core.ops.contract import check_on_error
 from zephon_core.ops.text import TokenizerTransform
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
+from zephon_vl.formats.base import ROLES
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
 
@@ -61,8 +63,16 @@ def _turn(turn: Any, where: str) -> dict:
     if not isinstance(turn, dict):
         raise BadSampleError("bad_json", where, f"a conversation turn is {type(turn).__name__}, "
                              "not an object with 'role' and 'content'")
-    role = turn.get("role", "user")
-    content = turn.get("content", "")
+    if "from" in turn and "role" not in turn:  # LLaVA/ShareGPT turns: from/value
+        raw = turn.get("from")
+        role = ROLES.get(raw) if isinstance(raw, str) else None
+        if role is None:
+            raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
+                                 f"{', '.join(sorted(ROLES))}")
+        content = turn.get("value", "")
+    else:
+        role = turn.get("role", "user")
+        content = turn.get("content", "")
     if not isinstance(role, str):
         raise BadSampleError("bad_json", where, "a turn's 'role' is not a string")
     if isinstance(content, str):
@@ -111,6 +121,24 @@ def text_document(record: Any) -> dict:
     return {"kind": "text", "text": text, "vision": [], "video": []}
 
 
+def document_text(parts: list[str | None]) -> list[str | None]:
+    """An image-text document's parts with whitespace stripped from the document's two
+    ends, as TorchTitan's ``MMDataLoader`` does (``insert_vision_placeholders``' ``strip``).
+
+    A caption is ``[image, text]``: its text loses its trailing whitespace.
+    Neighbouring text parts stay separate pieces (TorchTitan joins them with no
+    separator before it tokenizes; see docs/torchtitan.md).
+    """
+    out = list(parts)
+    first = next((i for i, p in enumerate(out) if p), None)
+    if first is not None and all(p is not None for p in out[:first + 1]):
+        out[first] = out[first].lstrip()
+    last = next((i for i in range(len(out) - 1, -1, -1) if out[i]), None)
+    if last is not None and all(p is not None for p in out[last:]):
+        out[last] = out[last].rstrip()
+    return out
+
+
 class DecodeVision(Transform):
     """WebDataset sample -> document dict with decoded vision inputs (heavy: processes)."""
 
@@ -133,6 +161,8 @@ class DecodeVision(Transform):
         return [self.decode(e.payload) for e in elements]
 
     def decode(self, sample: dict) -> dict:
+        if "__format__" in sample:
+            return self.decode_sample(sample)
         if "__key__" not in sample:
             return text_document(sample)
         where = _where(sample)
@@ -150,10 +180,18 @@ class DecodeVision(Transform):
                     "video": [True]}
         if isinstance(meta, dict) and "video" in meta:  # a video by reference (video_folder)
             return self._referenced_video(sample, meta, base, where)
+        if indexed and isinstance(meta, dict) and isinstance(
+                meta.get("conversations", meta.get("messages")), list):
+            turns = [_turn(t, where) for t in meta.get("conversations", meta.get("messages"))]
+            vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+                      for _, k in indexed]
+            return {**base, "kind": "conversation", "turns": turns, "vision": vision,
+                    "video": [False] * len(vision)}
         if indexed:
             if not isinstance(meta, dict) or not isinstance(meta.get("text"), list):
                 raise BadSampleError("missing_caption", where,
-                                     "interleaved images need json {'text': [...]} ")
+                                     "numbered images need json {'text': [...]} (interleaved) "
+                                     "or a 'conversations'/'messages' chat")
             parts = meta["text"]
             if not all(p is None or isinstance(p, str) for p in parts):
                 raise BadSampleError("bad_json", where, "interleaved 'text' parts must be "
@@ -179,6 +217,21 @@ class DecodeVision(Transform):
             raise BadSampleError("missing_caption", where, "image without txt or json caption")
         return {**base, "kind": "caption", "text": caption, "vision": [img], "video": [False]}
 
+    def decode_sample(self, sample: dict) -> dict:
+        """A sample of a record format (`zephon_vl.formats.base`): decode its media."""
+        where = _where(sample)
+        vision = []
+        for j, m in enumerate(sample["media"]):
+            name = f"{where}.{m.get('name', j)}"
+            vision.append(process_video(m["data"], self.image, self.video, name) if m["video"]
+                          else process_image(m["data"], self.image, name, one_frame=True))
+        doc = {"key": sample["__key__"], "shard": sample["__shard__"], "kind": sample["kind"],
+               "vision": vision, "video": [bool(m["video"]) for m in sample["media"]]}
+        if sample["kind"] == "interleaved":
+            doc["parts"] = sample["parts"]
+        else:
+            doc["turns"] = sample["turns"]
+        return doc
 
     def _referenced_video(self, sample: dict, meta: dict, base: dict, where: str) -> dict:
         """``json {"video": "clips/a.mp4", ...}``: the clip is read from
@@ -245,12 +298,12 @@ class TokenizeMultimodal(TokenizerTransform):
         ids = self._ids
         kind = doc["kind"]
         if kind == "caption":
-            return [("vision", 0, False), ("text", self._text(doc["text"]), True)]
+            return [("vision", 0, False), ("text", self._text(doc["text"].rstrip()), True)]
         if kind == "text":
             return [("text", self._text(doc["text"]), True)]
         if kind == "interleaved":
             out, k = [], 0
-            for part in doc["parts"]:
+            for part in document_text(doc["parts"]):
                 if part is None:
                     out.append(("vision", k, False))
                     k += 1
@@ -299,7 +352,7 @@ class TokenizeMultimodal(TokenizerTransform):
             if self.overlong == "truncate" and total >= self.max_tokens:
                 break
         kept = [vision[i] for i in used] if self.overlong == "truncate" else vision
-        vision_tokens = sum(v.num_tokens(self.merge_size) for v in kept)
+        vision_tokens = sum(self.family.item_tokens(v.grid_thw, self.merge_size) for v in kept)
         return {
             "tokens": np.concatenate(tokens).astype(np.int32),
             "targets": np.concatenate(targets),

@@ -23,6 +23,8 @@ import torch
 
 #: The qwen3_5 debug model's vocabulary size; holds every id of the Qwen tokenizer.
 QWEN_VOCAB = 248320
+#: The debug models `build_model` builds: TorchTitan's names of them.
+FLAVORS = ("llama3", "qwen3_5", "kimi_k2_5", "muse_glimmer")
 
 
 def shrink_model_config(model: Any, layers: int = 0, vision_layers: int = 0) -> None:
@@ -45,8 +47,9 @@ def shrink_model_config(model: Any, layers: int = 0, vision_layers: int = 0) -> 
 def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed: int = 0,
                 vocab_size: int = QWEN_VOCAB, layers: int = 0,
                 vision_layers: int = 0) -> torch.nn.Module:
-    """TorchTitan's ``<flavor>`` debug model (``llama3`` or ``qwen3_5``), seeded by ``seed``;
-    `layers`/`vision_layers` as in `shrink_model_config`."""
+    """TorchTitan's ``<flavor>`` debug model (one of `FLAVORS`; muse_glimmer's multimodal
+    ``debugmodel_mm``), seeded by ``seed``; `layers`/`vision_layers` as in
+    `shrink_model_config`."""
     device = torch.device(device)
     if device.type == "cpu":
         from zephon_vl.testing.titan_cpu import apply
@@ -60,12 +63,17 @@ def build_model(flavor: str = "llama3", device: str | torch.device = "cpu", seed
         from torchtitan.models.llama3 import model_registry
     elif flavor == "qwen3_5":
         from torchtitan.models.qwen3_5 import model_registry
+    elif flavor == "kimi_k2_5":
+        from torchtitan.models.kimi_k2_7 import model_registry
+    elif flavor == "muse_glimmer":
+        from torchtitan.models.muse_glimmer import model_registry
     else:
-        raise ValueError(f"flavor must be llama3 or qwen3_5, got {flavor!r}")
-    cfg = model_registry("debugmodel").model
+        raise ValueError(f"flavor must be one of {FLAVORS}, got {flavor!r}")
+    cfg = model_registry("debugmodel_mm" if flavor == "muse_glimmer" else "debugmodel").model
     if cfg.vocab_size != vocab_size:
         cfg.vocab_size = vocab_size
-        cfg.tok_embeddings.num_embeddings = vocab_size
+        # muse_glimmer bundles its embedding with a norm (EmbeddingWithNorm)
+        getattr(cfg.tok_embeddings, "embedding", cfg.tok_embeddings).num_embeddings = vocab_size
         cfg.lm_head.out_features = vocab_size
     shrink_model_config(cfg, layers, vision_layers)
     with torch.device("meta"):

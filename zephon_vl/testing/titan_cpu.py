@@ -13,6 +13,9 @@ Launcher (the trainer, on CPU, with torchrun and gloo)::
 The ``qwen3_5`` model also needs ``triton``, ``fla-core`` and
 ``flash-linear-attention`` installed with ``--no-deps`` (its module imports
 them; their Triton kernels are replaced by the pure-torch references below).
+``muse_glimmer`` is FSDP-wrapped without SPMD mesh dims (`_apply_muse_glimmer`);
+``kimi_k2_5`` needs nothing of its own. `pil_torchvision` lets TorchTitan's own
+multimodal sample pipeline run without torchvision (tests compare with it).
 """
 
 from __future__ import annotations
@@ -149,6 +152,62 @@ def stub_torchvision() -> None:
         sys.modules.setdefault(name, mod)
 
 
+def pil_torchvision() -> bool:
+    """Fill the `stub_torchvision` modules with the few PIL-backed functions TorchTitan's
+    ``hf_datasets.multimodal.utils.image.process_image`` calls, so its own sample
+    pipeline (``_process_mm_sample``: decode, resize rule, padding, normalization,
+    placeholders, labels) runs on this CPU-only build. Returns False (and changes
+    nothing) when a real torchvision is installed.
+
+    What stands in: ``io.decode_image`` (PIL decode to RGB ``(C, H, W)`` uint8),
+    ``resize`` (PIL bicubic, as zephon resizes: torchvision's antialiased bicubic is
+    not bit-identical to it), ``pad`` (zeros right/bottom), ``to_dtype`` (``/ 255``)
+    and ``normalize``. Call it before importing ``torchtitan.hf_datasets.multimodal``.
+    """
+    loaded = sys.modules.get("torchvision")
+    if loaded is not None and getattr(loaded, "__file__", None) or \
+            loaded is None and importlib.util.find_spec("torchvision") is not None:
+        return False  # a real torchvision
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    stub_torchvision()
+    tv_io = sys.modules["torchvision.io"]
+    tvf = sys.modules["torchvision.transforms.v2.functional"]
+
+    def decode_image(raw, mode=None):
+        img = Image.open(io.BytesIO(bytes(raw.numpy().tobytes()))).convert("RGB")
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous()
+
+    def resize(img, size, interpolation=None, antialias=True):
+        h, w = size
+        pil = Image.fromarray(img.permute(1, 2, 0).numpy())
+        out = pil.resize((w, h), resample=Image.Resampling.BICUBIC)
+        return torch.from_numpy(np.array(out)).permute(2, 0, 1).contiguous()
+
+    def pad(img, padding, fill=0):
+        left, top, right, bottom = padding
+        return F.pad(img, (left, right, top, bottom), value=fill)
+
+    def to_dtype(img, dtype, scale=False):
+        return img.to(dtype) / 255 if scale else img.to(dtype)
+
+    def normalize(img, mean, std, inplace=False):
+        m = torch.tensor(mean, dtype=img.dtype).view(-1, 1, 1)
+        s = torch.tensor(std, dtype=img.dtype).view(-1, 1, 1)
+        return (img - m) / s
+
+    tv_io.decode_image = decode_image
+    tv_io.ImageReadMode = types.SimpleNamespace(RGB="RGB")
+    tvf.InterpolationMode = types.SimpleNamespace(BICUBIC="bicubic")
+    tvf.resize, tvf.pad, tvf.to_dtype, tvf.normalize = resize, pad, to_dtype, normalize
+    tvf.pil_to_tensor = lambda img: torch.from_numpy(np.array(img)).permute(2, 0, 1)
+    sys.modules["torchvision"].io = tv_io
+    return True
+
+
 def apply(qwen3_5: bool = True) -> None:
     """Install every patch (idempotent). ``qwen3_5=False`` skips the FLA kernels."""
     global _APPLIED
@@ -192,6 +251,7 @@ def apply(qwen3_5: bool = True) -> None:
                 m.set_force_sum_reduction_for_comms(True)
 
     tt_fsdp.disable_fsdp_gradient_division = disable_fsdp_gradient_division
+    _apply_muse_glimmer()
     _APPLIED = True
     if qwen3_5:
         _apply_qwen3_5()
@@ -216,6 +276,29 @@ def _apply_qwen3_5() -> None:
     qm.GatedDeltaKernel.forward = _gated_delta_kernel_forward
     stub_torchvision()
     _QWEN_APPLIED = True
+
+
+def _apply_muse_glimmer() -> None:
+    """``muse_glimmer`` refuses any SPMD backend but ``spmd_types``, under which
+    ``fully_shard(..., dp_mesh_dims=...)`` wants every parameter a DTensor on the SPMD
+    mesh; TorchTitan 0.3.0 gives its vision encoder and adapter no sharding config, so
+    their parameters stay plain tensors and FSDP refuses them at D > 1 ("all parameters
+    must be DTensors on the full SPMD mesh"). Shard those two with plain FSDP
+    (``dp_mesh_dims=None``), as at D = 1."""
+    try:
+        import torchtitan.models.muse_glimmer.parallelize as mp
+    except ImportError:
+        return
+    if getattr(mp, "_zephon_patched", False):
+        return
+    def plain(stock):
+        def wrapped(module, dp_mesh, *args, dp_mesh_dims=None, **kwargs):
+            return stock(module, dp_mesh, *args, dp_mesh_dims=None, **kwargs)
+        return wrapped
+
+    mp.apply_fsdp_to_vision_encoder = plain(mp.apply_fsdp_to_vision_encoder)
+    mp.apply_fsdp_to_decoder = plain(mp.apply_fsdp_to_decoder)
+    mp._zephon_patched = True
 
 
 def main() -> None:

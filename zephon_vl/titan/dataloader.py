@@ -50,6 +50,8 @@ from zephon_core import (
     Loader,
     RetryPolicy,
     load_recipe,
+    parse_resources,
+    parse_runners,
     parse_workers,
 )
 from zephon_core.engine.state_check import parse_state
@@ -61,11 +63,16 @@ from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY, STATE_VERSION, wrap_s
 log = logging.getLogger(__name__)
 
 
-def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0) -> Any:
+def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0,
+                          max_patches: int = 0) -> Any:
     """The ImageSettings of the vision-language family `name` (``image_preset``);
-    `min_pixels` 0: the preset's."""
+    `min_pixels`, `max_patches` 0: the preset's."""
     try:
-        return vision_family(name).image_settings(max_pixels, min_pixels or None)
+        family = vision_family(name)
+        if max_patches:
+            return family.image_settings(max_pixels, min_pixels or None,
+                                         max_patches=max_patches)
+        return family.image_settings(max_pixels, min_pixels or None)
     except ConfigError as exc:
         raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc} (set "
                           "--dataloader.max_pixels higher or --dataloader.min_pixels "
@@ -107,7 +114,9 @@ class ZephonDataLoader(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         recipe: str = "text-demo"
-        """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file."""
+        """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file. With
+        ``image_preset`` a built-in VLM recipe is built for ``model_format``'s family, with
+        that family's tokenizer (``VisionFamily.tokenizer_dir``)."""
 
         num_lanes: int = 8
         """``L``: fixed for the life of a run; every DP degree you use must divide it."""
@@ -150,9 +159,24 @@ class ZephonDataLoader(BaseDataLoader):
         """With ``image_preset``: the smallest image, in pixels (smaller ones are scaled
         up); 0 = the preset's (qwen3_5: 65536, TorchTitan's value)."""
 
+        max_patches: int = 0
+        """With ``image_preset`` of a patch-budget family (``kimi_k2_5``): the most patches
+        an image keeps (scaled down to it, never up); 0 = the preset's (16384)."""
+
         runner: str = Execution.runner
         """Execution knob (never changes a batch): auto (the default: processes for read,
-        decode and tokenize), inline, threads or processes."""
+        decode and tokenize), inline, threads, processes or ray (a Ray cluster; docs/ray.md)."""
+
+        runners: str = ""
+        """Per-operator runners, e.g. ``decode=ray`` (the others keep ``runner``)."""
+
+        ray_address: str = ""
+        """With a ray runner: the Ray cluster's head ``host:port``; empty = ``RAY_ADDRESS``,
+        else the latest cluster started on this machine, else a local one."""
+
+        ray_resources: str = ""
+        """With a ray runner: custom resources every task asks for, e.g. ``zephon_cpu=1``
+        (only the nodes that offer it, a CPU-only pool, run zephon tasks)."""
 
         workers: str = ""
         """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
@@ -242,10 +266,11 @@ class ZephonDataLoader(BaseDataLoader):
                     "no images; use a VLM recipe with a vision model_format (e.g. "
                     "--dataloader.model_format qwen3_5), or leave image_preset empty")
             image = preset_image_settings(config.image_preset, config.max_pixels,
-                                          config.min_pixels)
+                                          config.min_pixels, config.max_patches)
             if config.normalize_on_device:
                 image = dataclasses.replace(image, normalize="device")
             overrides["image"] = image
+            overrides["family"] = self.family.name
         G = config.global_batch_size
         if not G:  # the recipe's own: a property of the data, the same at every D
             G = self._load_recipe(config, seq_len, overrides).global_batch_size
@@ -266,6 +291,9 @@ class ZephonDataLoader(BaseDataLoader):
         if tokenizer is not None:
             check_tokenizer(tokenizer, self.recipe, config.recipe)
         self.execution = Execution(runner=config.runner, workers=parse_workers(config.workers),
+                                   runners=parse_runners(config.runners),
+                                   ray_address=config.ray_address or None,
+                                   ray_resources=parse_resources(config.ray_resources),
                                    default_workers=config.default_workers or None,
                                    group_size=config.group_size, prefetch=config.prefetch or None,
                                    prefetch_steps=config.prefetch_steps,

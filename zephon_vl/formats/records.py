@@ -1,0 +1,298 @@
+"""Random access to the records of JSON, JSON Lines and Parquet files, local or remote.
+
+Formats other than WebDataset keep one record per JSON list entry, JSONL line
+or Parquet row. `RecordFiles` finds record ``index`` of file ``shard`` without
+parsing the others: byte offsets for JSON (found once, the way the tar index
+is, and cached beside the file or in ``index_cache`` keyed by size and
+identity) and row groups for Parquet (a bounded cache of decoded row groups
+per process). All bytes come through `zephon_core.data.storage`, so a URL
+(``s3://``...) works where a path does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_core.common.files import atomic_write
+from zephon_core.common.files import cache_dir as default_cache_dir
+from zephon_core.common.jsontext import loads_sample
+from zephon_core.data.storage import (
+    StoredFileIO,
+    base_name,
+    is_remote,
+    local_path,
+    open_shard,
+    read_whole,
+    stat_shard,
+)
+from zephon_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+OFFSETS_SUFFIX = ".zoffsets.json"
+OFFSETS_VERSION = 1
+#: decoded Parquet row groups a reader keeps per process (a group is read whole)
+ROW_GROUP_CACHE = 2
+
+
+def container_of(location: str) -> str:
+    """``json`` (a JSON list, or JSON Lines), ``jsonl`` or ``parquet``, by suffix."""
+    suffix = os.path.splitext(location.split("?")[0])[1].lower()
+    kinds = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
+    if suffix not in kinds:
+        raise ConfigError(f"{location}: cannot read {suffix or 'suffix-less'} files as "
+                          "records; give .json (a list), .jsonl or .parquet files")
+    return kinds[suffix]
+
+
+def json_offsets(data: bytes, where: str) -> np.ndarray:
+    """``[2, n]`` int64: byte start and length of each record of a JSON list, or of each
+    non-empty line when the file is JSON Lines (its first non-blank byte is not ``[``)."""
+    head = data.lstrip()[:1]
+    if head != b"[":
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+        starts = np.concatenate([[0], ends + 1])
+        stops = np.concatenate([ends, [len(data)]])
+        keep = stops > starts
+        return np.stack([starts[keep], (stops - starts)[keep]]).astype(np.int64)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not UTF-8 JSON ({exc})") from None
+    ascii_only = len(text) == len(data)
+    decoder = json.JSONDecoder()
+    starts: list[int] = []
+    lengths: list[int] = []
+    pos = text.index("[") + 1
+    byte_pos, char_pos = pos, pos
+    n = len(text)
+
+    def skip(p: int) -> int:
+        while p < n and text[p] in " \t\r\n":
+            p += 1
+        return p
+
+    pos = skip(pos)
+    if pos < n and text[pos] == "]":
+        return np.zeros((2, 0), dtype=np.int64)
+    while True:
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not a valid JSON list ({exc})") from None
+        if ascii_only:
+            b_start, b_end = pos, end
+        else:
+            b_start = byte_pos + len(text[char_pos:pos].encode())
+            b_end = b_start + len(text[pos:end].encode())
+            byte_pos, char_pos = b_end, end
+        starts.append(b_start)
+        lengths.append(b_end - b_start)
+        pos = skip(end)
+        if pos < n and text[pos] == ",":
+            pos = skip(pos + 1)
+            continue
+        if pos < n and text[pos] == "]":
+            break
+        raise ConfigError(f"{where}: not a valid JSON list (expected ',' or ']' at "
+                          f"character {pos})")
+    return np.array([starts, lengths], dtype=np.int64).reshape(2, -1)
+
+
+def _offsets_cache(location: str, cache_dir: Path | None) -> list[Path]:
+    """Where a JSON offset index is looked for; the first is where it is written."""
+    name = base_name(location)
+    digest = hashlib.sha256(os.fspath(location).encode()).hexdigest()[:16]
+    if is_remote(location):
+        folder = cache_dir if cache_dir is not None else default_cache_dir() / "record-index"
+        return [folder / f"{name}.{digest}{OFFSETS_SUFFIX}"]
+    beside = local_path(location).with_name(name + OFFSETS_SUFFIX)
+    return [beside] if cache_dir is None else [cache_dir / f"{name}.{digest}{OFFSETS_SUFFIX}",
+                                               beside]
+
+
+def load_json_offsets(location: str, cache_dir: str | Path | None = None) -> np.ndarray:
+    """The offsets of a JSON/JSONL file, from its cache when size and identity match."""
+    st = stat_shard(location)
+    paths = _offsets_cache(location, Path(cache_dir) if cache_dir is not None else None)
+    for p in paths:
+        try:
+            obj = json.loads(p.read_text())
+            if (obj["version"], obj["size"], obj["identity"]) == (OFFSETS_VERSION, st.size,
+                                                                  st.identity):
+                return np.array([obj["starts"], obj["lengths"]], dtype=np.int64).reshape(2, -1)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.info("ignoring unusable offset index %s (%s); rebuilding", p, e)
+    offsets = json_offsets(read_whole(location), location)
+    blob = {"version": OFFSETS_VERSION, "file": base_name(location), "size": st.size,
+            "identity": st.identity, "starts": offsets[0].tolist(),
+            "lengths": offsets[1].tolist()}
+    try:
+        atomic_write(paths[0], json.dumps(blob, separators=(",", ":")))
+    except OSError as e:
+        log.warning("cannot write offset index %s (%s); it lives in memory only. Give the "
+                    "recipe an index_cache folder for read-only data folders.", paths[0], e)
+    return offsets
+
+
+class _ArrowSource(StoredFileIO):
+    """A `StoredFileIO` with the file-object surface ``pyarrow.PythonFile`` asks for."""
+
+    closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordFiles:
+    """Records of JSON/JSONL/Parquet files by ``(file, index)``: the raw dicts of a format.
+
+    Built in the driver (it learns every file's record count); pickled to
+    workers without open handles or cached row groups.
+    """
+
+    def __init__(self, files: list[str], index_cache: str | None = None,
+                 row_group_cache: int = ROW_GROUP_CACHE) -> None:
+        self.files = [os.fspath(f) for f in files]
+        self.kinds = [container_of(f) for f in self.files]
+        self.row_group_cache = max(1, int(row_group_cache))
+        self.sizes: list[int] = []
+        self.bytes: list[int] = []
+        self.offsets: dict[int, np.ndarray] = {}
+        self.group_starts: dict[int, np.ndarray] = {}
+        self.columns: dict[int, list[str]] = {}
+        self._init_runtime()
+        for s, (f, kind) in enumerate(zip(self.files, self.kinds, strict=True)):
+            if not is_remote(f) and not local_path(f).is_file():
+                raise ConfigError(f"{f} does not exist; check the dataset's files")
+            self.bytes.append(stat_shard(f).size)
+            if kind == "parquet":
+                meta = self._parquet(s).metadata
+                rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+                self.group_starts[s] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+                self.columns[s] = list(self._parquet(s).schema_arrow.names)
+                self.sizes.append(int(self.group_starts[s][-1]))
+            else:
+                self.offsets[s] = load_json_offsets(f, index_cache)
+                self.sizes.append(int(self.offsets[s].shape[1]))
+
+    def _init_runtime(self) -> None:
+        self._handles: dict[int, Any] = {}
+        self._pq: dict[int, Any] = {}
+        self._groups: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._remote_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _check_process(self) -> None:
+        """Handles inherited through fork belong to the parent: start afresh."""
+        if self._pid != os.getpid():
+            self._init_runtime()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_handles", "_pq", "_groups", "_lock", "_remote_lock", "_pid")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def describe(self, s: int) -> dict:
+        return {"name": base_name(self.files[s]), "bytes": self.bytes[s],
+                "samples": self.sizes[s]}
+
+    def keys_of_first(self, s: int) -> list[str]:
+        """The keys of file `s`' records as the file declares them: Parquet columns, or the
+        first record's keys (for errors that say what a file holds)."""
+        if self.kinds[s] == "parquet":
+            return self.columns[s]
+        if not self.sizes[s]:
+            return []
+        rec = self.read(s, 0)
+        return sorted(rec) if isinstance(rec, dict) else [f"<a {type(rec).__name__}>"]
+
+    def _handle(self, s: int) -> Any:
+        self._check_process()
+        with self._lock:
+            h = self._handles.get(s)
+            if h is None:
+                h = self._handles[s] = open_shard(self.files[s])
+        return h
+
+    def _parquet(self, s: int) -> Any:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("reading Parquet needs pyarrow: pip install "
+                              "'zephon-vl[parquet]'") from None
+        self._check_process()
+        with self._lock:
+            found = self._pq.get(s)
+            if found is None:
+                f = self.files[s]
+                source = (str(local_path(f)) if not is_remote(f)
+                          else pa.PythonFile(_ArrowSource(open_shard(f)), mode="r"))
+                found = self._pq[s] = pq.ParquetFile(source)
+        return found
+
+    def read(self, s: int, i: int) -> Any:
+        if self.kinds[s] == "parquet":
+            return self._row(s, i)
+        start, length = (int(v) for v in self.offsets[s][:, i])
+        data = self._handle(s).read_at(start, length)
+        return loads_sample(data, f"{base_name(self.files[s])} record {i}")
+
+    def read_column(self, s: int, i: int, column: str) -> dict:
+        """``{column: value}`` of Parquet row `i` (``{}`` when the file has no such column),
+        decoding only that column of its row group (not cached)."""
+        if column not in self.columns[s]:
+            return {}
+        starts = self.group_starts[s]
+        g = int(np.searchsorted(starts, i, side="right")) - 1
+        table = self._parquet(s).read_row_group(g, columns=[column])
+        return table.slice(i - int(starts[g]), 1).to_pylist()[0]
+
+    def _row(self, s: int, i: int) -> dict:
+        starts = self.group_starts[s]
+        g = int(np.searchsorted(starts, i, side="right")) - 1
+        pf = self._parquet(s)
+        with self._lock:
+            table = self._groups.get((s, g))
+            if table is not None:
+                self._groups.move_to_end((s, g))
+        if table is None:
+            if is_remote(self.files[s]):  # one file object, one position: one read at a time
+                with self._remote_lock:
+                    table = pf.read_row_group(g)
+            else:
+                table = pf.read_row_group(g)
+            with self._lock:
+                self._groups[(s, g)] = table
+                while len(self._groups) > self.row_group_cache:
+                    self._groups.popitem(last=False)
+        return table.slice(i - int(starts[g]), 1).to_pylist()[0]
+
