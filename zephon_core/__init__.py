@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     # data
     "Dataset": "zephon_core.data.sources",
     "ShuffleSettings": "zephon_core.data.sources",
+    "Phase": "zephon_core.data.sources",
     "InMemoryReader": "zephon_core.data.readers",
     "JsonlReader": "zephon_core.data.readers",
     "open_shard": "zephon_core.data.storage",

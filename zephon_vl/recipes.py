@@ -25,6 +25,7 @@ from zephon_core import (
     ConfigError,
     Dataset,
     Pack,
+    Phase,
     Read,
     Recipe,
     Shuffle,
@@ -76,7 +77,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
                epochs: int | None = None, index_cache: str | None = None,
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
                image_every_row: bool | None = None,
-               balance: BalanceSettings | Mapping[str, Any] | None = None) -> Recipe:
+               balance: BalanceSettings | Mapping[str, Any] | None = None,
+               phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32) -> Recipe:
     """A VLM recipe over WebDataset shards and text files for a model `family`.
 
     A dataset is a list of shard paths or URLs, or one manifest (a path or URL
@@ -89,7 +91,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     (None: the family's default) appends the placeholder image to rows without
     one (guarantee 10). ``pack_mode="balanced"`` packs compute-balanced rows
     (`BalancedPack`: each lane's rows of a step carry the same vision tokens)
-    under `balance` (a `BalanceSettings` or its ``[balance]`` table).
+    under `balance` (a `BalanceSettings` or its ``[balance]`` table). `phases`
+    and `phase_lag` make the mixture a schedule (`Recipe`; docs/elastic-changes.md).
     """
     family = vision_family(family)
     named = dict(shards) if isinstance(shards, Mapping) else {"data": shards}
@@ -139,7 +142,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, Sequence[str |
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
-                  collate=family.collate(seq_len, image, special))
+                  collate=family.collate(seq_len, image, special),
+                  phases=list(phases), phase_lag=phase_lag)
 
 
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,

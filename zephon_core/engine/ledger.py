@@ -106,14 +106,39 @@ def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
     order = sorted(entries)
     digest = hashlib.sha256("".join(f"{lane}:{entries[lane]['digest']}\n"
                                     for lane in order).encode()).hexdigest()
+    rows = [{"lane": lane, "samples": samples}
+            for lane in order for samples in entries[lane]["rows"]]
     return {
         "step": step,
         "digest": digest,
         "lanes": {str(lane): entries[lane]["digest"] for lane in order},
-        "rows": [{"lane": lane, "samples": samples}
-                 for lane in order for samples in entries[lane]["rows"]],
+        "rows": rows,
         "drops": [{"lane": lane, **d} for lane in order for d in entries[lane]["drops"]],
+        "mixture": step_mixture(rows),
     }
+
+
+def step_mixture(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """The realized mixture of a step, per dataset index: samples (segments that begin a
+    sample) and tokens (span lengths) its rows hold. Derived from the rows alone."""
+    samples: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for row in rows:
+        for s in row["samples"]:
+            ds = str(s["dataset"])
+            start, end = s["span"]
+            samples[ds] = samples.get(ds, 0) + (start == 0)
+            tokens[ds] = tokens.get(ds, 0) + end - start
+    order = sorted(tokens, key=int)
+    return {"samples": {k: samples[k] for k in order}, "tokens": {k: tokens[k] for k in order}}
+
+
+def mixture_shares(entry: dict, names: list[str], by: str = "tokens") -> dict[str, float]:
+    """A step's realized share per dataset name (`by` tokens or samples); 0 for datasets it
+    does not hold."""
+    counts = (entry.get("mixture") or step_mixture(entry["rows"]))[by]
+    total = sum(counts.values()) or 1
+    return {name: counts.get(str(j), 0) / total for j, name in enumerate(names)}
 
 
 def reader_keys(recipe: Any) -> Any:

@@ -22,6 +22,7 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
 from zephon_core.engine.ledger import RankLedger, lane_entries, reader_keys
 from zephon_core.engine.observe import StageObserver, StageStats
+from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import ConfigError, ZephonError
@@ -150,11 +151,14 @@ class Loader:
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
         r = self.recipe
         self._runs = []
+        schedule = r.schedule()
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
-                             r.epochs)
+                             r.epochs, schedule=schedule[1] if schedule else None)
+            gate = (PhaseGate([s * r.rows_per_lane for s in schedule[0]], r.phase_lag)
+                    if schedule else None)
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
-                          self.observer, self.backlog)
+                          self.observer, self.backlog, gate)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)

@@ -164,6 +164,8 @@ class LaneChecker:
         if sum(src["counts"]) != src["draws"]:
             raise self.fail(lane, "source", f"counts {src['counts']} do not add up to draws "
                             f"{src['draws']}")
+        if "phases" in self.fingerprint:
+            self._check_phases(lane, snap)
         if not isinstance(snap["source_done"], bool):
             raise self.fail(lane, "source_done", "is not true or false")
         if snap["rows"] != self.step * self.rows_per_lane:
@@ -198,3 +200,29 @@ class LaneChecker:
         dropped = snap["dropped"]
         if not (isinstance(dropped, dict) and all(is_count(v) for v in dropped.values())):
             raise self.fail(lane, "dropped", "is not a mapping of reasons to counts")
+
+    def _check_phases(self, lane: int, snap: dict) -> None:
+        """A phased lane: its phase counters and its gate (engine.phases)."""
+        src = snap["source"]
+        phases = 1 + sum(1 for p in self.fingerprint["phases"] if p["start_step"] > 0)
+        if not (is_count(src.get("phase")) and src["phase"] < phases
+                and is_count(src.get("phase_start")) and src["phase_start"] <= src["draws"]):
+            raise self.fail(lane, "source.phase", f"is not a phase of the {phases}-phase "
+                            "schedule with its start draw")
+        counts = src.get("phase_counts")
+        if not (isinstance(counts, list) and len(counts) == len(self.shards)
+                and all(is_count(c) for c in counts)
+                and sum(counts) == src["draws"] - src["phase_start"]):
+            raise self.fail(lane, "source.phase_counts", "does not count the phase's draws "
+                            "per dataset")
+        gate = snap.get("phase_gate")
+        if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
+                and isinstance(gate.get("tau"), list)
+                and all(isinstance(e, list) and len(e) == 2 and all(is_count(x) for x in e)
+                        for e in gate["entries"])
+                and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
+                        for e in gate["tau"])):
+            raise self.fail(lane, "phase_gate", "is not {entries: [[trigger, rows]...], "
+                            "tau: [[origin..., trigger]...]}")
+        for e in gate["tau"]:
+            self.origin(lane, "phase_gate.tau", e[:5], src["draws"])

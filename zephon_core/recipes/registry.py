@@ -23,6 +23,10 @@ A TOML recipe file looks like::
     [[datasets]]                  # WebDataset kinds: shard URLs, or one manifest
     name = "laion"
     manifest = "s3://bucket/laion/manifest.json"   # from `zephon-vl index`
+    phase_lag = 32                # optional, with [[phases]]: see docs/elastic-changes.md
+    [[phases]]                    # optional mixture schedule: from step 1000 on, 1:1
+    start_step = 1000
+    weights = { web = 1.0, laion = 1.0 }   # a dataset not named weighs 0 in the phase
 
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
@@ -40,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zephon_core.data.sources import ShuffleSettings
+from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError
 from zephon_core.recipes.recipe import Recipe
@@ -126,6 +130,8 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
             from zephon_core.recipes.assets import qwen_tokenizer_dir
 
             tokenizer = qwen_tokenizer_dir()
+        if "phases" in fields:
+            fields["phases"] = phases_from_tables(fields["phases"])
         if "shuffle" in fields:
             fields["shuffle"] = settings_from_table(ShuffleSettings, fields["shuffle"], "shuffle")
         fields.setdefault("name", path.stem)
@@ -167,6 +173,21 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, list[str]], dict[str, 
             files[d["name"]] = [_location(f, base) for f in d["files"]]
         weights[d["name"]] = float(d.get("weight", 1.0))
     return files, weights
+
+
+def phases_from_tables(tables: Any) -> list[Phase]:
+    """``[[phases]]`` tables -> `Phase`s; an unknown or missing key is named."""
+    if not isinstance(tables, list):
+        raise ConfigError("phases must be an array of tables ([[phases]])")
+    out = []
+    for i, t in enumerate(tables):
+        if not isinstance(t, dict) or set(t) - {"start_step", "weights"} or \
+                "start_step" not in t or not isinstance(t.get("weights"), dict):
+            keys = sorted(t) if isinstance(t, dict) else t
+            raise ConfigError(f"[[phases]] #{i + 1} needs exactly start_step (an int) and a "
+                              f"weights table (dataset name = weight); it has {keys}")
+        out.append(Phase(t["start_step"], {str(k): float(v) for k, v in t["weights"].items()}))
+    return out
 
 
 def _location(entry: Any, base: Path) -> str:

@@ -1,0 +1,86 @@
+"""When a lane's mixture moves to its next phase: a decision made in lane order, never timing.
+
+A phase that starts at global step `s` starts, in lane `l`, at row `B = s * r`
+(`r` rows per lane per step). The lane must pick the phase of every draw
+*before* it knows which row that draw will land in, and how far it has drawn
+when row `B` begins depends on pipelining. So the decision uses only what the
+lane has fully consumed, `lag` draws back:
+
+* Every element carries a *trigger* draw: the draw whose arrival made it move
+  (its own draw, or, past an accumulator such as a shuffle buffer, the draw
+  whose push released it). Along the combiner's input the triggers never
+  decrease, so ``R(m)`` -- the rows the lane has made once everything
+  triggered by draws ``0..m`` reached the combiner -- is a function of the
+  lane's stream alone.
+* Draw ``n`` starts the next phase iff ``R(n - 1 - lag) >= B``. The lane
+  waits (draws nothing) while ``R(n - 1 - lag)`` is not known yet, i.e. while
+  an element triggered by one of those draws is still between stages.
+
+Hence rows ``< B`` (steps before `s`) hold draws of the old phase only, the
+new phase begins exactly `lag` draws after the draw that the lane pushed
+first after finishing row ``B - 1``, and all of it is independent of `D`,
+runners, prefetch and timing. `lag` is a recipe setting: the number of draws
+the lane may have in flight while a phase change is pending (0: exact, but
+one element at a time until the last phase has begun).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from zephon_core.data.sources import LaneSource
+from zephon_core.records import Origin
+
+
+class PhaseGate:
+    """One lane's phase decisions; `start_rows[p]` is the lane row at which phase `p` starts."""
+
+    def __init__(self, start_rows: list[int], lag: int) -> None:
+        self.start_rows = start_rows
+        self.lag = lag
+        #: (trigger, rows made before it) of each element the combiner took, oldest first
+        self.entries: deque[tuple[int, int]] = deque()
+        #: triggers of elements between stages that differ from their own draw
+        self.tau: dict[Origin, int] = {}
+
+    def trigger(self, o: Origin) -> int:
+        return self.tau.get(o, o.seq)
+
+    def released(self, pushed: Origin, outs: list[tuple[Origin, Any]]) -> None:
+        """An accumulator took `pushed` and released `outs`: they move because of its trigger."""
+        t = self.tau.pop(pushed, pushed.seq)
+        for o, _ in outs:
+            if o.seq != t:
+                self.tau[o] = t
+
+    def at_combiner(self, o: Origin, rows: int) -> None:
+        self.entries.append((self.tau.pop(o, o.seq), rows))
+
+    def _rows_at(self, m: int, rows_now: int) -> int:
+        entries = self.entries
+        while entries and entries[0][0] <= m:
+            entries.popleft()
+        return entries[0][1] if entries else rows_now
+
+    def may_draw(self, source: LaneSource, rows_now: int, lowest_moving: int | None) -> bool:
+        """Start the phases that are due; False while the next draw's phase is not known."""
+        st = source.state
+        while st.phase + 1 < len(self.start_rows):
+            m = st.draws - 1 - self.lag
+            if m < 0:
+                return True
+            if lowest_moving is not None and lowest_moving <= m:
+                return False
+            if self._rows_at(m, rows_now) < self.start_rows[st.phase + 1]:
+                return True
+            source.begin_phase()
+        return True
+
+    def state(self) -> dict:
+        return {"entries": [list(e) for e in self.entries],
+                "tau": [[*o, t] for o, t in self.tau.items()]}
+
+    def restore(self, d: dict) -> None:
+        self.entries = deque((int(t), int(r)) for t, r in d["entries"])
+        self.tau = {Origin(*(int(x) for x in e[:5])): int(e[5]) for e in d["tau"]}
