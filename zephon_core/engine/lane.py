@@ -193,6 +193,10 @@ class LaneRun:
                             self.digests.pop(origin, None)
                     self._take_rows()
                 else:
+                    if self.gate is not None:
+                        for o, p in self.gate.cut(str(self.op_of_stage[i]), origin,
+                                                  self.accs[i]):
+                            self._to_stage(i + 1, o, p)
                     outs = self.accs[i].push((origin, payload))
                     if self.gate is not None:
                         self.gate.released(origin, outs)

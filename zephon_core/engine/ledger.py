@@ -72,12 +72,14 @@ def _origin(o: Origin) -> dict[str, int]:
 
 
 def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
-                 keys: Any = None) -> dict[int, dict]:
+                 keys: Any = None, phase_of: Mapping[int, Any] | None = None
+                 ) -> dict[int, dict]:
     """Per lane: its rows' samples and drops at one step, and their digest.
 
     `rows` are one rank's rows of the step in lane order (`rows_per_lane` per
     lane of `lanes`). `keys(dataset, shard, index)` names a sample when the
-    dataset's reader has keys (a WebDataset's ``__key__``), else None.
+    dataset's reader has keys (a WebDataset's ``__key__``), else None. With a
+    mixture schedule, `phase_of[lane](origin)` is the phase each sample was drawn in.
     """
     out: dict[int, dict] = {}
     for k, lane in enumerate(lanes):
@@ -92,6 +94,8 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 if key is not None:
                     sample["key"] = key
                 sample["span"] = [s.start, s.end]
+                if phase_of is not None:
+                    sample["phase"] = phase_of[lane](s.origin)
                 sample["digest"] = d
                 samples.append(sample)
             lane_rows.append(samples)
@@ -118,19 +122,26 @@ def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
     }
 
 
-def step_mixture(rows: list[dict]) -> dict[str, dict[str, int]]:
+def step_mixture(rows: list[dict]) -> dict[str, Any]:
     """The realized mixture of a step, per dataset index: samples (segments that begin a
     sample) and tokens (span lengths) its rows hold. Derived from the rows alone."""
     samples: dict[str, int] = {}
     tokens: dict[str, int] = {}
+    phases: set[int] = set()
     for row in rows:
         for s in row["samples"]:
+            if "phase" in s:
+                phases.add(s["phase"])
             ds = str(s["dataset"])
             start, end = s["span"]
             samples[ds] = samples.get(ds, 0) + (start == 0)
             tokens[ds] = tokens.get(ds, 0) + end - start
     order = sorted(tokens, key=int)
-    return {"samples": {k: samples[k] for k in order}, "tokens": {k: tokens[k] for k in order}}
+    out: dict[str, Any] = {"samples": {k: samples[k] for k in order},
+                           "tokens": {k: tokens[k] for k in order}}
+    if phases:
+        out["phases"] = sorted(phases)  # the phases its samples were drawn in
+    return out
 
 
 def mixture_shares(entry: dict, names: list[str], by: str = "tokens") -> dict[str, float]:

@@ -258,7 +258,9 @@ class Loader:
                         [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
                         drops)
         if self.digests:
-            meta.ledger = lane_entries(self.lanes, r, rows, self._keys)
+            phase_of = ({run.lane: run.gate.phase_of for run in self._runs if run.gate}
+                        if self.recipe.phases else None)
+            meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1
         return _Step(rows, snaps, meta)
 

@@ -16,6 +16,11 @@ lane has fully consumed, `lag` draws back:
   waits (draws nothing) while ``R(n - 1 - lag)`` is not known yet, i.e. while
   an element triggered by one of those draws is still between stages.
 
+An accumulator never mixes two phases: before it takes its first element of
+phase `p` it releases everything it holds (its input is, by induction, all of
+phase `p - 1` and then all of phase `p`, so this is a clean cut at a stream
+position, not a moment).
+
 Hence rows ``< B`` (steps before `s`) hold draws of the old phase only, the
 new phase begins exactly `lag` draws after the draw that the lane pushed
 first after finishing row ``B - 1``, and all of it is independent of `D`,
@@ -43,6 +48,10 @@ class PhaseGate:
         self.entries: deque[tuple[int, int]] = deque()
         #: triggers of elements between stages that differ from their own draw
         self.tau: dict[Origin, int] = {}
+        #: the draw at which each phase after the first began, in this lane
+        self.start_draws: list[int] = []
+        #: per accumulator (operator position): the phase of the last element it took
+        self.acc_phase: dict[str, int] = {}
 
     def trigger(self, o: Origin) -> int:
         return self.tau.get(o, o.seq)
@@ -53,6 +62,23 @@ class PhaseGate:
         for o, _ in outs:
             if o.seq != t:
                 self.tau[o] = t
+
+    def phase_of(self, o: Origin) -> int:
+        return sum(1 for n in self.start_draws if n <= o.seq)
+
+    def cut(self, position: str, pushed: Origin, acc: Any) -> list[tuple[Origin, Any]]:
+        """What accumulator `position` releases before it takes `pushed`: all it holds if
+        `pushed` is its first element of a later phase."""
+        phase = self.phase_of(pushed)
+        if phase <= self.acc_phase.get(position, 0):
+            return []
+        self.acc_phase[position] = phase
+        outs = acc.flush()
+        t = self.trigger(pushed)
+        for o, _ in outs:
+            if o.seq != t:
+                self.tau[o] = t
+        return outs
 
     def at_combiner(self, o: Origin, rows: int) -> None:
         self.entries.append((self.tau.pop(o, o.seq), rows))
@@ -75,12 +101,17 @@ class PhaseGate:
             if self._rows_at(m, rows_now) < self.start_rows[st.phase + 1]:
                 return True
             source.begin_phase()
+            self.start_draws.append(st.draws)
         return True
 
     def state(self) -> dict:
         return {"entries": [list(e) for e in self.entries],
-                "tau": [[*o, t] for o, t in self.tau.items()]}
+                "tau": [[*o, t] for o, t in self.tau.items()],
+                "start_draws": list(self.start_draws),
+                "acc_phase": dict(sorted(self.acc_phase.items()))}
 
     def restore(self, d: dict) -> None:
         self.entries = deque((int(t), int(r)) for t, r in d["entries"])
         self.tau = {Origin(*(int(x) for x in e[:5])): int(e[5]) for e in d["tau"]}
+        self.start_draws = [int(n) for n in d["start_draws"]]
+        self.acc_phase = {str(k): int(v) for k, v in d["acc_phase"].items()}

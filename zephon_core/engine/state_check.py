@@ -226,3 +226,13 @@ class LaneChecker:
                             "tau: [[origin..., trigger]...]}")
         for e in gate["tau"]:
             self.origin(lane, "phase_gate.tau", e[:5], src["draws"])
+        starts = gate.get("start_draws")
+        if not (isinstance(starts, list) and len(starts) == src["phase"]
+                and all(is_count(n) and n <= src["draws"] for n in starts)
+                and starts == sorted(starts)):
+            raise self.fail(lane, "phase_gate.start_draws", f"is not the start draws of the "
+                            f"{src['phase']} phases begun so far")
+        acc = gate.get("acc_phase")
+        if not (isinstance(acc, dict) and set(acc) <= self.accumulators
+                and all(is_count(v) and v <= src["phase"] for v in acc.values())):
+            raise self.fail(lane, "phase_gate.acc_phase", "is not a phase per accumulator")
