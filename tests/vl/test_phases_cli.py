@@ -69,11 +69,11 @@ def test_two_phases_same_digests_at_every_D_and_across_a_resume(recipe: Path, tm
     assert mix[-1]["phases"] == [1] and set(mix[-1]["tokens"]) == {"1"}
     assert main(["verify", str(ledger), "--mixture"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].startswith("step  phase  drawn in")
-    assert table[1].split()[:3] == ["0", "0", "0"] and table[1].split()[3] == "1.000/1.000"
+    assert table[0].startswith("step  phase  drawn in  rows")
+    assert table[1].split()[:4] == ["0", "0", "0", "8"] and table[1].split()[4] == "1.000/1.000"
     assert table[-1].split()[1:3] == ["1", "1"] and table[-1].split()[-1] == "1.000/1.000"
 
     assert main(["inspect", str(state)]) == 0
     text = capsys.readouterr().out
-    assert "mixture schedule (phase_lag 4): from step 0: {'a': 1.0}; from step 3" in text
+    assert "mixture schedule (phase_lag 4): from step 0: weights {'a': 1.0}; from step 3" in text
     assert "phase 0 (began at draws [])" in text

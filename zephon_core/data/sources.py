@@ -131,21 +131,29 @@ class DatasetOrder:
 
 @dataclass(frozen=True)
 class Phase:
-    """From global step `start_step` on, the mixture is `weights` (by dataset name).
+    """From global step `start_step` on, the mixture is `weights` (by dataset name) and,
+    if set, the global batch size is `global_batch_size` rows.
 
     A dataset the phase does not name weighs 0 in it: it is not drawn (a
     dataset added later weighs 0 before its phase; a removed one, 0 after).
+    `weights=None` keeps the mixture (and its phase) going: only `G` changes.
     """
 
     start_step: int
-    weights: Mapping[str, float]
+    weights: Mapping[str, float] | None = None
+    global_batch_size: int | None = None
 
     def __hash__(self) -> int:
-        return hash((self.start_step, tuple(sorted(self.weights.items()))))
+        return hash((self.start_step, tuple(sorted((self.weights or {}).items())),
+                     self.global_batch_size))
 
     def settings(self) -> dict:
-        return {"start_step": self.start_step,
-                "weights": {k: float(v) for k, v in sorted(self.weights.items())}}
+        out: dict[str, Any] = {"start_step": self.start_step}
+        if self.weights is not None:
+            out["weights"] = {k: float(v) for k, v in sorted(self.weights.items())}
+        if self.global_batch_size is not None:
+            out["global_batch_size"] = self.global_batch_size
+        return out
 
 
 def phase_weights(phases: Sequence[Phase], names: list[str],
@@ -159,6 +167,11 @@ def phase_weights(phases: Sequence[Phase], names: list[str],
         if not isinstance(ph.start_step, int) or ph.start_step < 0 or ph.start_step <= last:
             raise ConfigError(f"{where}: start_step must be an int >= 0, and phases must be in "
                               f"increasing start_step order (the previous one starts at {last})")
+        last = ph.start_step
+        if ph.weights is None:
+            if ph.global_batch_size is None:
+                raise ConfigError(f"{where}: a phase sets weights, global_batch_size or both")
+            continue
         unknown = sorted(set(ph.weights) - set(names))
         if unknown:
             raise ConfigError(f"{where}: weights name unknown datasets {unknown}; the recipe's "
@@ -167,7 +180,6 @@ def phase_weights(phases: Sequence[Phase], names: list[str],
         if any(x < 0 for x in w) or sum(w) <= 0:
             raise ConfigError(f"{where}: weights must be >= 0 with a positive sum, got "
                               f"{dict(ph.weights)}")
-        last = ph.start_step
         if ph.start_step == 0:
             vectors[0] = w
         else:

@@ -18,6 +18,7 @@ from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
 from zephon_core.engine.backlog import Backlog
+from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
@@ -78,7 +79,8 @@ class LaneRun:
 
     def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
                  seed: int, rows_per_step: int, observer: StageObserver | None = None,
-                 backlog: Backlog | None = None, gate: PhaseGate | None = None) -> None:
+                 backlog: Backlog | None = None, gate: PhaseGate | None = None,
+                 batches: BatchSchedule | None = None) -> None:
         self.lane = lane
         #: with a mixture schedule: decides in lane order when the source's next phase starts
         self.gate = gate
@@ -90,6 +92,8 @@ class LaneRun:
         self.source = source
         self.seed = seed
         self.r = rows_per_step
+        #: with a global batch size that changes: where steps begin (else every `r` rows)
+        self.batches = batches
         ex = plan.execution
         self.group_size = ex.group_size
         self.prefetch = plan.prefetch
@@ -223,7 +227,9 @@ class LaneRun:
                     held = set(self.held_origins())
                     self.digests = {o: d for o, d in self.digests.items() if o in held}
             self.rows_emitted += 1
-            snap = self.snapshot() if self.rows_emitted % self.r == 0 else None
+            boundary = (self.rows_emitted % self.r == 0 if self.batches is None
+                        else self.batches.step_at_rows(self.rows_emitted) is not None)
+            snap = self.snapshot() if boundary else None
             self.rows.append((row, snap))
 
     def _segment_digest(self, s: Segment) -> dict[str, str]:

@@ -76,6 +76,10 @@ class Recipe:
         if not isinstance(self.phase_lag, int) or self.phase_lag < 0:
             raise ConfigError(f"phase_lag must be an int >= 0, got {self.phase_lag!r}")
         self.schedule()  # refuses a bad schedule now, not at the first step
+        for step, g in self.batch_sizes():
+            if not isinstance(g, int) or g < 1 or g % self.num_lanes:
+                raise ConfigError(f"phase at step {step}: global_batch_size ({g}) must be a "
+                                  f"positive multiple of num_lanes ({self.num_lanes})")
         if self.collate is None:
             self.collate = TextCollate(self.seq_len, self.combiner.pad_id)
 
@@ -86,10 +90,17 @@ class Recipe:
 
     def schedule(self) -> tuple[list[int], list[list[float]]] | None:
         """Start steps and weight vectors of the phases, or None for a static mixture."""
-        if not self.phases:
+        if not any(p.weights is not None for p in self.phases):
+            if self.phases:
+                phase_weights(self.phases, [d.name for d in self.datasets], [])
             return None
         return phase_weights(self.phases, [d.name for d in self.datasets],
                              [d.weight for d in self.datasets])
+
+    def batch_sizes(self) -> list[tuple[int, int]]:
+        """(start step, global batch size) of the phases that set one."""
+        return [(p.start_step, p.global_batch_size) for p in self.phases
+                if p.global_batch_size is not None]
 
     @property
     def seq_len(self) -> int:

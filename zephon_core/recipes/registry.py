@@ -181,12 +181,19 @@ def phases_from_tables(tables: Any) -> list[Phase]:
         raise ConfigError("phases must be an array of tables ([[phases]])")
     out = []
     for i, t in enumerate(tables):
-        if not isinstance(t, dict) or set(t) - {"start_step", "weights"} or \
-                "start_step" not in t or not isinstance(t.get("weights"), dict):
+        known = {"start_step", "weights", "global_batch_size"}
+        if not isinstance(t, dict) or set(t) - known or "start_step" not in t or \
+                not isinstance(t.get("weights", {}), dict) or \
+                not ({"weights", "global_batch_size"} & set(t)):
             keys = sorted(t) if isinstance(t, dict) else t
-            raise ConfigError(f"[[phases]] #{i + 1} needs exactly start_step (an int) and a "
-                              f"weights table (dataset name = weight); it has {keys}")
-        out.append(Phase(t["start_step"], {str(k): float(v) for k, v in t["weights"].items()}))
+            raise ConfigError(f"[[phases]] #{i + 1} needs start_step (an int) and a weights "
+                              "table (dataset name = weight), a global_batch_size or both; it "
+                              f"has {keys}")
+        weights = t.get("weights")
+        out.append(Phase(t["start_step"],
+                         None if weights is None else {str(k): float(v)
+                                                       for k, v in weights.items()},
+                         t.get("global_batch_size")))
     return out
 
 

@@ -148,6 +148,7 @@ def summarize(state: dict) -> dict:
         "operators": [o.get("name") for o in fp.get("operators", [])],
         "step": state["step"], "lanes": lanes,
         "phases": fp.get("phases", []), "phase_lag": fp.get("phase_lag"),
+        "global_batch_sizes": state.get("global_batch_sizes", []),
     }
 
 
@@ -159,9 +160,14 @@ def render(s: dict) -> str:
                                     for d in s["datasets"]),
            "operators: " + " -> ".join(map(str, s["operators"])),
            *([f"mixture schedule (phase_lag {s['phase_lag']}): " + "; ".join(
-               f"from step {p['start_step']}: {p['weights']}" for p in s["phases"])]
+               f"from step {p['start_step']}: "
+               + ", ".join(f"{k} {p[k]}" for k in ("weights", "global_batch_size") if k in p)
+               for p in s["phases"])]
              if s.get("phases") else []),
            f"step {s['step']}: the next batch is global step {s['step']}",
+           *(["global batch size changed on resume: " + ", ".join(
+               f"G={g} from step {t}" for t, g in s["global_batch_sizes"])]
+             if s.get("global_batch_sizes") else []),
            "lane  draws  taken per dataset  epoch  rows  in flight  buffered  drops pending"]
     for lane, v in s["lanes"].items():
         taken = ",".join(map(str, v["taken"]))

@@ -58,14 +58,15 @@ def render_mixture(ledger: Ledger) -> str:
     were drawn in, and the realized token/sample shares."""
     fp = ledger.fingerprint
     names = [d["name"] for d in fp.get("datasets", [])]
-    starts = [0] + [p["start_step"] for p in fp.get("phases", []) if p["start_step"] > 0]
-    out = ["step  phase  drawn in  " + "  ".join(f"{n} tokens/samples" for n in names)]
+    starts = [0] + [p["start_step"] for p in fp.get("phases", [])
+                    if p["start_step"] > 0 and "weights" in p]
+    out = ["step  phase  drawn in  rows  " + "  ".join(f"{n} tokens/samples" for n in names)]
     for t in sorted(ledger.steps):
         entry = ledger.steps[t]
         tok = mixture_shares(entry, names, "tokens")
         smp = mixture_shares(entry, names, "samples")
         phase = sum(1 for s in starts[1:] if s <= t)
         drawn = ",".join(map(str, (entry.get("mixture") or {}).get("phases", [0])))
-        out.append(f"{t:<5} {phase:<6} {drawn:<9} "
+        out.append(f"{t:<5} {phase:<6} {drawn:<9} {len(entry['rows']):<5} "
                    + "  ".join(f"{tok[n]:.3f}/{smp[n]:.3f}" for n in names))
     return "\n".join(out)
