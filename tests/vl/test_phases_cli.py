@@ -77,3 +77,26 @@ def test_two_phases_same_digests_at_every_D_and_across_a_resume(recipe: Path, tm
     text = capsys.readouterr().out
     assert "mixture schedule (phase_lag 4): from step 0: weights {'a': 1.0}; from step 3" in text
     assert "phase 0 (began at draws [])" in text
+
+
+def test_a_resume_that_asks_for_another_global_batch_size(recipe: Path, tmp_path: Path,
+                                                          capsys) -> None:
+    """Same lane rows, other step boundaries: G=8 for steps 0..1, then 16 (two steps of
+    the G=8 run per step); without the flag the resume keeps G."""
+    steps = 6
+    ledger = tmp_path / "g.jsonl"
+    out = _digests(capsys, "--recipe", str(recipe), "--dp", "2", "--steps", str(steps),
+                   "--save-at", "2", "--resume-dp", "4", "--resume-global-batch-size", "16",
+                   "--ledger", str(ledger))
+    assert main(["digest", "--recipe", str(recipe), "--dp", "2", "--steps", "4", "--save-at",
+                 "2", "--resume-dp", "1", "--resume-global-batch-size", "16"]) == 0
+    rows = [json.loads(line)["rows"] for line in capsys.readouterr().out.split("\n")[:-1]]
+    assert rows == [8, 8, 8, 8, 16, 16]
+    resumed = read_ledger(tmp_path / "g.resumed-d4.jsonl")
+    run = read_ledger(ledger)
+    assert [len(resumed.steps[t]["rows"]) for t in range(2, steps)] == [16] * 4
+    # lane 0's rows of resumed step 2 are its rows of steps 2 and 3 at G=8
+    lane0 = [r["samples"] for r in resumed.steps[2]["rows"] if r["lane"] == 0]
+    assert lane0 == [r["samples"] for t in (2, 3) for r in run.steps[t]["rows"]
+                     if r["lane"] == 0]
+    assert len(out) == steps + steps - 2
