@@ -44,16 +44,16 @@ def schedules(draw) -> tuple[Phase, ...]:
 @given(L=st.sampled_from([1, 2, 4, 8]), phases=schedules(), lag=st.sampled_from([0, 2, 32]),
        shuffle_pos=st.sampled_from([None, "pointers", "payloads"]),
        k=st.integers(0, 8), ex=st.sampled_from(EXECUTIONS), ex2=st.sampled_from(EXECUTIONS),
-       data=st.data())
+       mix_by=st.sampled_from(["samples", "tokens"]), data=st.data())
 def test_a_schedule_gives_the_same_batches_at_every_D_knob_and_resume(
-        L, phases, lag, shuffle_pos, k, ex, ex2, data):
+        L, phases, lag, shuffle_pos, k, ex, ex2, mix_by, data):
     # a phase may also change the global batch size (engine.batches)
     sizes = data.draw(st.lists(st.sampled_from([None, 1, 3]), min_size=len(phases),
                                max_size=len(phases)))
     phases = tuple(Phase(p.start_step, p.weights, None if g is None else g * L)
                    for p, g in zip(phases, sizes, strict=True))
     spec = Spec(datasets=DATA, num_lanes=L, rows_per_lane=2, shuffle_pos=shuffle_pos,
-                shuffle_buffer=5, phases=phases, phase_lag=lag)
+                shuffle_buffer=5, phases=phases, phase_lag=lag, mix_by=mix_by)
     steps = 9
     ref = reference_digests(spec, steps)
     D = data.draw(st.sampled_from(divisors(L)))
@@ -188,6 +188,7 @@ def test_toml_phases_build_the_schedule(tmp_path: Path):
                                       b=json.dumps([str(p) for p in shards[3:]])))
     recipe = recipe_from_toml(path)
     assert recipe.phases == [Phase(3, {"b": 1.0, "a": 1.0})] and recipe.phase_lag == 8
+    assert recipe.mix_by == "tokens" and recipe.fingerprint()["mix_by"] == "tokens"
     assert recipe.schedule() == ([0, 3], [[3.0, 1.0], [1.0, 1.0]])
     path.write_text(path.read_text().replace("start_step = 3", "start = 3"))
     with pytest.raises(ConfigError, match=r"two\.toml: \[\[phases\]\] #1 needs start_step"):
@@ -201,6 +202,7 @@ global_batch_size = 8
 num_lanes = 4
 shuffle_buffer = 16
 phase_lag = 8
+mix_by = "tokens"
 [[datasets]]
 name = "a"
 files = {a}
@@ -212,3 +214,29 @@ files = {b}
 start_step = 3
 weights = {{ a = 1.0, b = 1.0 }}
 """
+
+
+@pytest.mark.parametrize("lag", [0, 16])
+def test_token_shares_follow_the_weights(lag):
+    """Long and short documents 1:1 by tokens: about five short ones per long one, and the
+    realized token share near 1/2 (by samples it would be near 5/6 for the long ones)."""
+    data = (DataSpec((200, 150), max_len=40, data_seed=4),
+            DataSpec((300, 250), max_len=8, data_seed=5))
+    spec = Spec(datasets=data, num_lanes=2, rows_per_lane=2, seq_len=64, shuffle_pos=None,
+                use_filter=False, mix_by="tokens", phase_lag=lag)
+    tokens = [0, 0]
+    with World(spec, 2, Execution(runner="threads", group_size=4)) as w:
+        for _ in range(30):
+            for row in w.step():
+                for s in row.segments:
+                    tokens[s.origin.dataset] += s.end - s.start
+    share = tokens[0] / sum(tokens)
+    assert 0.45 < share < 0.55, tokens
+    by_samples = spec.but(mix_by="samples")
+    with World(by_samples, 1) as w:
+        t2 = [0, 0]
+        for _ in range(30):
+            for row in w.step():
+                for s in row.segments:
+                    t2[s.origin.dataset] += s.end - s.start
+    assert t2[0] / sum(t2) > 0.7, t2

@@ -156,6 +156,7 @@ class Spec:
     combiner: Any = None  # the CombinerOp that ends the pipeline; default: Pack(seq_len, ...)
     phases: tuple = ()  # Phase(start_step, weights) of a mixture schedule
     phase_lag: int = 32
+    mix_by: str = "samples"
 
     @property
     def global_batch_size(self) -> int:
@@ -202,6 +203,7 @@ def build_recipe(spec: Spec) -> Recipe:
         shuffle=ShuffleSettings(spec.shuffle_shards, spec.shuffle_within, spec.block_size),
         phases=list(spec.phases),
         phase_lag=spec.phase_lag,
+        mix_by=spec.mix_by,
     )
 
 

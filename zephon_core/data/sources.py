@@ -242,6 +242,8 @@ class LaneSource:
         self.num_lanes = num_lanes
         self.epochs = epochs
         self.exhausted = False
+        #: ``mix_by = "tokens"``: tokens of the phase's draws per dataset (`PhaseGate`)
+        self.token_estimate: Any = None
         self.state = state or SourceState(0, [0] * len(orders))
         if self.schedule is not None and self.state.phase_counts is None:
             self.state.phase_counts = [0] * len(orders)
@@ -276,6 +278,11 @@ class LaneSource:
         st = self.state
         if st.phase_counts is None:
             n, counts = st.draws + 1, st.counts
+        elif self.token_estimate is not None:
+            tokens = self.token_estimate(st.phase_counts)
+            total = sum(tokens)
+            return int(np.argmax([total * w - t if w > 0 else -np.inf
+                                  for w, t in zip(self.weights, tokens, strict=True)]))
         else:
             n, counts = st.draws - st.phase_start + 1, st.phase_counts
         deficits = [n * w - c for w, c in zip(self.weights, counts, strict=True)]

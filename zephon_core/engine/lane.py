@@ -30,6 +30,12 @@ from zephon_core.records import Dropped, Element, Origin
 _KEY_SALT = 0x454C454D
 
 
+def payload_tokens(payload: Any) -> int:
+    """Tokens a payload brings to the combiner (``mix_by = "tokens"`` counts these)."""
+    tokens = payload.get("tokens") if isinstance(payload, dict) else None
+    return len(tokens) if tokens is not None else 0
+
+
 def element_key(seed: int, o: Origin) -> int:
     """Per-element randomness key: depends on the sample and epoch, not on lane or grouping."""
     return derive(seed, _KEY_SALT, o.dataset, o.shard, o.index, o.epoch)
@@ -187,7 +193,7 @@ class LaneRun:
                         self._to_stage(i + 1, origin, payload)
                 elif i == self.combiner_index:
                     if self.gate is not None:
-                        self.gate.at_combiner(origin, self.rows_emitted)
+                        self.gate.at_combiner(origin, self.rows_emitted, payload_tokens(payload))
                     refused = self.combiner.push(origin, payload)
                     if refused is None:
                         self.drops_in_a_row = {}

@@ -172,8 +172,11 @@ class Loader:
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs, schedule=schedule[1] if schedule else None)
-            gate = (PhaseGate([self.batches.rows_before(s) for s in schedule[0]], r.phase_lag)
+            gate = (PhaseGate([self.batches.rows_before(s) for s in schedule[0]], r.phase_lag,
+                              r.mix_by == "tokens", len(r.datasets))
                     if schedule else None)
+            if gate is not None and gate.tokens:
+                src.token_estimate = gate.token_estimate
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
                           self.observer, self.backlog, gate,
                           None if self.batches.static else self.batches)
@@ -278,7 +281,7 @@ class Loader:
                         drops)
         if self.digests:
             phase_of = ({run.lane: run.gate.phase_of for run in self._runs if run.gate}
-                        if self.recipe.phases else None)
+                        if self.recipe.schedule() else None)
             meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1
         return _Step(rows, snaps, meta)

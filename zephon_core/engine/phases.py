@@ -39,13 +39,25 @@ from zephon_core.records import Origin
 
 
 class PhaseGate:
-    """One lane's phase decisions; `start_rows[p]` is the lane row at which phase `p` starts."""
+    """One lane's phase decisions; `start_rows[p]` is the lane row at which phase `p` starts.
 
-    def __init__(self, start_rows: list[int], lag: int) -> None:
+    With `tokens` (``mix_by = "tokens"``) it also keeps, per dataset, the tokens
+    and samples of the current phase's draws that are *settled* (triggered by a
+    draw ``<= n - 1 - lag``, so known in lane order), and gives the source its
+    token estimate: settled tokens plus, for draws not settled yet, the
+    dataset's settled mean (1 token before any is known).
+    """
+
+    def __init__(self, start_rows: list[int], lag: int, tokens: bool = False,
+                 num_datasets: int = 0) -> None:
         self.start_rows = start_rows
         self.lag = lag
-        #: (trigger, rows made before it) of each element the combiner took, oldest first
-        self.entries: deque[tuple[int, int]] = deque()
+        self.tokens = tokens
+        #: (trigger, rows made before it, phase, dataset, tokens) of each element the
+        #: combiner took, oldest first
+        self.entries: deque[tuple[int, int, int, int, int]] = deque()
+        self.settled_tokens = [0] * num_datasets
+        self.settled_samples = [0] * num_datasets
         #: triggers of elements between stages that differ from their own draw
         self.tau: dict[Origin, int] = {}
         #: the draw at which each phase after the first began, in this lane
@@ -80,38 +92,61 @@ class PhaseGate:
                 self.tau[o] = t
         return outs
 
-    def at_combiner(self, o: Origin, rows: int) -> None:
-        self.entries.append((self.tau.pop(o, o.seq), rows))
+    def at_combiner(self, o: Origin, rows: int, tokens: int = 0) -> None:
+        self.entries.append((self.tau.pop(o, o.seq), rows, self.phase_of(o), o.dataset, tokens))
 
-    def _rows_at(self, m: int, rows_now: int) -> int:
+    def _rows_at(self, m: int, rows_now: int, phase: int) -> int:
         entries = self.entries
         while entries and entries[0][0] <= m:
-            entries.popleft()
+            _, _, p, ds, tokens = entries.popleft()
+            if p == phase:
+                self.settled_tokens[ds] += tokens
+                self.settled_samples[ds] += 1
         return entries[0][1] if entries else rows_now
 
     def may_draw(self, source: LaneSource, rows_now: int, lowest_moving: int | None) -> bool:
-        """Start the phases that are due; False while the next draw's phase is not known."""
+        """Start the phases that are due and settle token counts; False while the next
+        draw's phase (or token estimate) is not known."""
         st = source.state
-        while st.phase + 1 < len(self.start_rows):
+        while st.phase + 1 < len(self.start_rows) or self.tokens:
             m = st.draws - 1 - self.lag
             if m < 0:
                 return True
             if lowest_moving is not None and lowest_moving <= m:
                 return False
-            if self._rows_at(m, rows_now) < self.start_rows[st.phase + 1]:
+            rows = self._rows_at(m, rows_now, st.phase)
+            if st.phase + 1 >= len(self.start_rows) or rows < self.start_rows[st.phase + 1]:
                 return True
             source.begin_phase()
             self.start_draws.append(st.draws)
+            self.settled_tokens = [0] * len(self.settled_tokens)
+            self.settled_samples = [0] * len(self.settled_samples)
         return True
+
+    def token_estimate(self, phase_counts: list[int]) -> list[float]:
+        """Tokens of the current phase's draws per dataset: settled, plus a mean per draw
+        not settled yet."""
+        known_t, known_n = sum(self.settled_tokens), sum(self.settled_samples)
+        fallback = known_t / known_n if known_n else 1.0
+        out = []
+        for t, n, drawn in zip(self.settled_tokens, self.settled_samples, phase_counts,
+                               strict=True):
+            mean = t / n if n else fallback
+            out.append(t + (drawn - n) * mean)
+        return out
 
     def state(self) -> dict:
         return {"entries": [list(e) for e in self.entries],
                 "tau": [[*o, t] for o, t in self.tau.items()],
                 "start_draws": list(self.start_draws),
-                "acc_phase": dict(sorted(self.acc_phase.items()))}
+                "acc_phase": dict(sorted(self.acc_phase.items())),
+                "settled_tokens": list(self.settled_tokens),
+                "settled_samples": list(self.settled_samples)}
 
     def restore(self, d: dict) -> None:
-        self.entries = deque((int(t), int(r)) for t, r in d["entries"])
+        self.entries = deque(tuple(int(x) for x in e) for e in d["entries"])  # type: ignore[misc]
+        self.settled_tokens = [int(x) for x in d["settled_tokens"]]
+        self.settled_samples = [int(x) for x in d["settled_samples"]]
         self.tau = {Origin(*(int(x) for x in e[:5])): int(e[5]) for e in d["tau"]}
         self.start_draws = [int(n) for n in d["start_draws"]]
         self.acc_phase = {str(k): int(v) for k, v in d["acc_phase"].items()}

@@ -166,7 +166,8 @@ class LaneChecker:
         if sum(src["counts"]) != src["draws"]:
             raise self.fail(lane, "source", f"counts {src['counts']} do not add up to draws "
                             f"{src['draws']}")
-        if any("weights" in p for p in self.fingerprint.get("phases", [])):
+        if any("weights" in p for p in self.fingerprint.get("phases", [])) or \
+                self.fingerprint.get("mix_by") == "tokens":
             self._check_phases(lane, snap)
         if not isinstance(snap["source_done"], bool):
             raise self.fail(lane, "source_done", "is not true or false")
@@ -221,12 +222,17 @@ class LaneChecker:
         gate = snap.get("phase_gate")
         if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
                 and isinstance(gate.get("tau"), list)
-                and all(isinstance(e, list) and len(e) == 2 and all(is_count(x) for x in e)
-                        for e in gate["entries"])
+                and all(isinstance(e, list) and len(e) == 5 and all(is_count(x) for x in e)
+                        and e[3] < len(self.shards) for e in gate["entries"])
                 and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
                         for e in gate["tau"])):
-            raise self.fail(lane, "phase_gate", "is not {entries: [[trigger, rows]...], "
-                            "tau: [[origin..., trigger]...]}")
+            raise self.fail(lane, "phase_gate", "is not {entries: [[trigger, rows, phase, "
+                            "dataset, tokens]...], tau: [[origin..., trigger]...]}")
+        for key in ("settled_tokens", "settled_samples"):
+            v = gate.get(key)
+            if not (isinstance(v, list) and len(v) == len(self.shards)
+                    and all(is_count(x) for x in v)):
+                raise self.fail(lane, f"phase_gate.{key}", "is not a count per dataset")
         for e in gate["tau"]:
             self.origin(lane, "phase_gate.tau", e[:5], src["draws"])
         starts = gate.get("start_draws")

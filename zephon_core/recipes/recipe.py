@@ -55,6 +55,9 @@ class Recipe:
     name: str = "custom"
     phases: list[Phase] = field(default_factory=list)
     phase_lag: int = 32
+    #: "samples" (weights count samples) or "tokens" (weights count the tokens the
+    #: combiner receives; docs/elastic-changes.md)
+    mix_by: str = "samples"
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -75,6 +78,8 @@ class Recipe:
         self.phases = [p if isinstance(p, Phase) else Phase(**p) for p in self.phases]
         if not isinstance(self.phase_lag, int) or self.phase_lag < 0:
             raise ConfigError(f"phase_lag must be an int >= 0, got {self.phase_lag!r}")
+        if self.mix_by not in ("samples", "tokens"):
+            raise ConfigError(f"mix_by must be 'samples' or 'tokens', got {self.mix_by!r}")
         self.schedule()  # refuses a bad schedule now, not at the first step
         for step, g in self.batch_sizes():
             if not isinstance(g, int) or g < 1 or g % self.num_lanes:
@@ -93,6 +98,8 @@ class Recipe:
         if not any(p.weights is not None for p in self.phases):
             if self.phases:
                 phase_weights(self.phases, [d.name for d in self.datasets], [])
+            if self.mix_by == "tokens":  # one phase: the gate settles the token counts
+                return [0], [[d.weight for d in self.datasets]]
             return None
         return phase_weights(self.phases, [d.name for d in self.datasets],
                              [d.weight for d in self.datasets])
@@ -142,4 +149,6 @@ class Recipe:
             # only with a schedule, so a static recipe's fingerprint is what it always was
             **({"phases": [p.settings() for p in self.phases], "phase_lag": self.phase_lag}
                if self.phases else {}),
+            **({"mix_by": "tokens", "phase_lag": self.phase_lag}
+               if self.mix_by == "tokens" else {}),
         }

