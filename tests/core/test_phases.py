@@ -121,15 +121,46 @@ def test_within_a_phase_the_deficit_rule_restarts():
                 phases=(Phase(0, {"ds0": 1.0}), Phase(2, {"ds0": 1.0, "ds1": 1.0})),
                 phase_lag=0)
     with World(spec, 1) as w:
-        for _ in range(2):
-            w.step()
-        src = w.loaders[0]._runs[0].source.state
-        while src.phase == 0:
-            w.step()
-        for _ in range(3):
-            w.step()
-        n = src.draws - src.phase_start
-        assert abs(src.phase_counts[0] - n / 2) <= 1 and src.counts[1] == src.phase_counts[1]
+        w.digests(6)
+        src = w.state()["lanes"]["0"]["source"]
+    assert src["phase"] == 1
+    n = src["draws"] - src["phase_start"]
+    assert abs(src["phase_counts"][0] - n / 2) <= 1 and src["counts"][1] == src["phase_counts"][1]
+
+
+def test_datasets_join_and_leave_at_phases_exactly_by_draw():
+    """Every sample drawn in phase p comes from a dataset weighted > 0 in p: ds2 (weight 0
+    at first) joins at phase 1, ds0 leaves at phase 2; the ledger names each sample's
+    phase, and a step's mixture lacks a dataset no sample of it came from."""
+    from tests.helpers.core import build_recipe
+    from zephon_core.engine.plan import Plan
+    from zephon_core.engine.simulate import SimulatedRanks
+
+    phases = (Phase(2, {"ds0": 1.0, "ds1": 1.0, "ds2": 2.0}), Phase(4, {"ds1": 1.0, "ds2": 1.0}))
+    spec = Spec(datasets=DATA, num_lanes=4, rows_per_lane=2, shuffle_pos="payloads",
+                shuffle_buffer=3, phases=phases, phase_lag=3)
+    allowed = [{0, 1}, {0, 1, 2}, {1, 2}]
+    recipe = build_recipe(spec)
+    ex = Execution(runner="threads", group_size=2)
+    runners = Plan(recipe.ops, ex, digests=True).make_runners()
+    try:
+        sim = SimulatedRanks(recipe, 2, ex, runners, digests=True)
+        seen = set()
+        for _ in range(14):
+            entry = sim.global_step().ledger
+            for row in entry["rows"]:
+                for sample in row["samples"]:
+                    assert sample["dataset"] in allowed[sample["phase"]], sample
+                    seen.add(sample["phase"])
+            assert set(map(int, entry["mixture"]["tokens"])) <= set().union(
+                *(allowed[p] for p in entry["mixture"]["phases"]))
+        assert seen == {0, 1, 2}
+        assert "0" not in entry["mixture"]["tokens"]  # ds0 has left by the last step
+    finally:
+        for loader in sim.loaders:
+            loader.close()
+        for r in runners.values():
+            r.close()
 
 
 def test_the_ledger_shows_the_realized_mixture():
