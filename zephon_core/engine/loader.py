@@ -544,13 +544,20 @@ class Loader:
         saved = BatchSchedule.build(self.recipe.num_lanes, self.recipe.global_batch_size,
                                     self.recipe.batch_sizes(), resized)
         check_state(state, self.fingerprint, self.lanes, self.recipe.ops,
-                    saved.rows_before(state["step"]) if is_count(state.get("step")) else None)
+                    saved.rows_before(state["step"])
+                    if isinstance(state, dict) and is_count(state.get("step")) else None)
         step = int(state["step"])
         if global_batch_size is not None and \
                 global_batch_size != saved.r_at(step) * self.recipe.num_lanes:
             resized = [*[c for c in resized if c[0] != step], (step, global_batch_size)]
+        before = self.resized
         self.resized = resized
-        self._set_batches()
+        try:
+            self._set_batches()
+        except ConfigError:
+            self.resized = before
+            self._set_batches()
+            raise
         self._stop_background()
         snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
         self.step = self._produced = int(state["step"])
