@@ -271,3 +271,13 @@ def test_token_shares_follow_the_weights(lag):
                 for s in row.segments:
                     t2[s.origin.dataset] += s.end - s.start
     assert t2[0] / sum(t2) > 0.7, t2
+
+
+def test_phases_tokens_and_batch_sizes_under_the_processes_runner():
+    """The same batches with worker processes as inline (guarantee 1: runner type)."""
+    spec = Spec(datasets=DATA, num_lanes=4, rows_per_lane=1, shuffle_pos="payloads",
+                shuffle_buffer=4, mix_by="tokens", phase_lag=6,
+                phases=(Phase(2, {"ds1": 1.0, "ds2": 1.0}, 8), Phase(4, {"ds0": 1.0}, 4)))
+    ref = reference_digests(spec, 7)
+    with World(spec, 2, Execution(runner="processes", default_workers=2, group_size=2)) as w:
+        assert w.digests(7) == ref
