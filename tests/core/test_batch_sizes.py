@@ -103,3 +103,12 @@ def test_a_damaged_resize_record_is_refused():
     state["global_batch_sizes"] = [[1, "x"]]
     with pytest.raises(CheckpointError, match="global_batch_sizes"):
         World(BASE, 1, state=state)
+
+
+def test_a_phase_at_step_0_sets_the_first_batch_size():
+    spec = BASE.but(phases=(Phase(0, global_batch_size=4),))
+    with World(spec, 2) as w:
+        assert [len(w.step()) for _ in range(3)] == [4, 4, 4]
+        state = w.state()
+    with World(spec, 4, state=state) as w2:
+        assert len(w2.step()) == 4

@@ -198,6 +198,8 @@ class LaneRun:
                     if refused is None:
                         self.drops_in_a_row = {}
                     else:
+                        if self.gate is not None:
+                            self.gate.refused()
                         self._record_drop(origin, refused.reason)
                         if self.digests is not None:
                             self.digests.pop(origin, None)

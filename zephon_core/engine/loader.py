@@ -177,7 +177,7 @@ class Loader:
                     if schedule else None)
             if gate is not None and gate.tokens:
                 src.token_estimate = gate.token_estimate
-            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
+            run = LaneRun(lane, self.plan, self.runners, src, r.seed, self.batches.r_at(0),
                           self.observer, self.backlog, gate,
                           None if self.batches.static else self.batches)
             if snapshots is not None:

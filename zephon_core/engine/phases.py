@@ -95,6 +95,11 @@ class PhaseGate:
     def at_combiner(self, o: Origin, rows: int, tokens: int = 0) -> None:
         self.entries.append((self.tau.pop(o, o.seq), rows, self.phase_of(o), o.dataset, tokens))
 
+    def refused(self) -> None:
+        """The combiner dropped the element it just took: it brings no tokens."""
+        t, rows, phase, ds, _ = self.entries[-1]
+        self.entries[-1] = (t, rows, phase, ds, 0)
+
     def _rows_at(self, m: int, rows_now: int, phase: int) -> int:
         entries = self.entries
         while entries and entries[0][0] <= m:
