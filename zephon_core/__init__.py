@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "data_format": "zephon_core.data.formats",
     "known_formats": "zephon_core.data.formats",
     "register_format": "zephon_core.data.formats",
+    "Phase": "zephon_core.data.sources",
     "InMemoryReader": "zephon_core.data.readers",
     "JsonlReader": "zephon_core.data.readers",
     "open_shard": "zephon_core.data.storage",

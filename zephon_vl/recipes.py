@@ -27,6 +27,7 @@ from zephon_core import (
     ConfigError,
     Dataset,
     Pack,
+    Phase,
     Read,
     Recipe,
     Shuffle,
@@ -60,7 +61,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                epochs: int | None = None, index_cache: str | None = None,
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
                image_every_row: bool | None = None,
-               balance: BalanceSettings | Mapping[str, Any] | None = None) -> Recipe:
+               balance: BalanceSettings | Mapping[str, Any] | None = None,
+               phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
     A dataset is a list of files (their suffix picks the format: ``.tar``
@@ -76,7 +78,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     (None: the family's default) appends the placeholder image to rows without
     one (guarantee 10). ``pack_mode="balanced"`` packs compute-balanced rows
     (`BalancedPack`: each lane's rows of a step carry the same vision tokens)
-    under `balance` (a `BalanceSettings` or its ``[balance]`` table).
+    under `balance` (a `BalanceSettings` or its ``[balance]`` table). `phases`
+    and `phase_lag` make the mixture a schedule (`Recipe`; docs/elastic-changes.md).
     """
     family = vision_family(family)
     named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
@@ -132,7 +135,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
-                  collate=family.collate(seq_len, image, special))
+                  collate=family.collate(seq_len, image, special),
+                  phases=list(phases), phase_lag=phase_lag)
 
 
 def _demo_tokenizer(overrides: dict[str, Any]) -> Any:

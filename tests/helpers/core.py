@@ -154,6 +154,9 @@ class Spec:
     on_error: str = "raise"
     map_fn: Any = None  # default: to_tokens
     combiner: Any = None  # the CombinerOp that ends the pipeline; default: Pack(seq_len, ...)
+    phases: tuple = ()  # Phase(start_step, weights) of a mixture schedule
+    phase_lag: int = 32
+    mix_by: str = "samples"
 
     @property
     def global_batch_size(self) -> int:
@@ -198,6 +201,9 @@ def build_recipe(spec: Spec) -> Recipe:
         seed=spec.seed,
         epochs=spec.epochs,
         shuffle=ShuffleSettings(spec.shuffle_shards, spec.shuffle_within, spec.block_size),
+        phases=list(spec.phases),
+        phase_lag=spec.phase_lag,
+        mix_by=spec.mix_by,
     )
 
 

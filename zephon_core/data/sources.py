@@ -11,11 +11,17 @@ chooses which dataset to draw from next by a deficit rule over the mixture
 weights: after `n` draws, dataset `j` has been drawn as close to `n * w_j` as
 integers allow. The stream therefore depends on the data, the seed, the
 weights and `L`, and on nothing else.
+
+With a mixture schedule (`Phase`s), the lane's draws are cut into phases at
+draw counts the lane decides deterministically (`engine.phases`); within a
+phase the deficit rule runs over that phase's weights and draws only, so each
+phase's mixture is exact from its first draw. See docs/elastic-changes.md.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,40 +129,163 @@ class DatasetOrder:
         return shard, local, epoch
 
 
+@dataclass(frozen=True)
+class Phase:
+    """From global step `start_step` on, the mixture is `weights` (by dataset name) and,
+    if set, the global batch size is `global_batch_size` rows.
+
+    A dataset the phase does not name weighs 0 in it: it is not drawn (a
+    dataset added later weighs 0 before its phase; a removed one, 0 after).
+    `weights=None` keeps the mixture (and its phase) going: only `G` changes.
+    """
+
+    start_step: int
+    weights: Mapping[str, float] | None = None
+    global_batch_size: int | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.start_step, tuple(sorted((self.weights or {}).items())),
+                     self.global_batch_size))
+
+    def settings(self) -> dict:
+        out: dict[str, Any] = {"start_step": self.start_step}
+        if self.weights is not None:
+            out["weights"] = {k: float(v) for k, v in sorted(self.weights.items())}
+        if self.global_batch_size is not None:
+            out["global_batch_size"] = self.global_batch_size
+        return out
+
+
+def phase_weights(phases: Sequence[Phase], names: list[str],
+                  base: list[float]) -> tuple[list[int], list[list[float]]]:
+    """Start steps and weight vectors of a schedule: phase 0 is the datasets' own weights
+    (`base`) from step 0 unless a phase starts at step 0. Refuses what is not a schedule."""
+    starts, vectors = [0], [list(base)]
+    last = -1
+    for k, ph in enumerate(phases):
+        where = f"phase {k} (start_step {ph.start_step})"
+        if not isinstance(ph.start_step, int) or ph.start_step < 0 or ph.start_step <= last:
+            raise ConfigError(f"{where}: start_step must be an int >= 0, and phases must be in "
+                              f"increasing start_step order (the previous one starts at {last})")
+        last = ph.start_step
+        if ph.weights is None:
+            if ph.global_batch_size is None:
+                raise ConfigError(f"{where}: a phase sets weights, global_batch_size or both")
+            continue
+        unknown = sorted(set(ph.weights) - set(names))
+        if unknown:
+            raise ConfigError(f"{where}: weights name unknown datasets {unknown}; the recipe's "
+                              f"datasets are {names}")
+        w = [float(ph.weights.get(n, 0.0)) for n in names]
+        if any(x < 0 for x in w) or sum(w) <= 0:
+            raise ConfigError(f"{where}: weights must be >= 0 with a positive sum, got "
+                              f"{dict(ph.weights)}")
+        if ph.start_step == 0:
+            vectors[0] = w
+        else:
+            starts.append(ph.start_step)
+            vectors.append(w)
+    return starts, vectors
+
+
 @dataclass
 class SourceState:
-    """Everything a lane's source needs to resume: draws so far, per dataset."""
+    """Everything a lane's source needs to resume: draws so far, per dataset.
+
+    With a schedule, also the current phase, the draw at which it began and
+    its draws per dataset (the deficit rule runs within a phase).
+    """
 
     draws: int = 0
     counts: list[int] = field(default_factory=list)
+    phase: int = 0
+    phase_start: int = 0
+    phase_counts: list[int] | None = None
 
     def to_json(self) -> dict:
-        return {"draws": self.draws, "counts": list(self.counts)}
+        out: dict[str, Any] = {"draws": self.draws, "counts": list(self.counts)}
+        if self.phase_counts is not None:
+            out.update(phase=self.phase, phase_start=self.phase_start,
+                       phase_counts=list(self.phase_counts))
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> SourceState:
-        return cls(int(d["draws"]), [int(c) for c in d["counts"]])
+        counts = [int(c) for c in d["counts"]]
+        if "phase_counts" not in d:
+            return cls(int(d["draws"]), counts)
+        return cls(int(d["draws"]), counts, int(d["phase"]), int(d["phase_start"]),
+                   [int(c) for c in d["phase_counts"]])
+
+
+def _normalized(weights: list[float]) -> list[float]:
+    total = float(sum(weights))
+    if total <= 0 or any(w < 0 for w in weights):
+        raise ConfigError(f"mixture weights must be >= 0 with a positive sum, got {weights}")
+    return [w / total for w in weights]
 
 
 class LaneSource:
-    """The origin stream of one lane."""
+    """The origin stream of one lane.
+
+    `schedule` (weight vectors of phases 0, 1, ...) makes it phased: the lane
+    calls `begin_phase` when its gate decides the next phase starts.
+    """
 
     def __init__(self, orders: list[DatasetOrder], weights: list[float], lane: int,
-                 num_lanes: int, epochs: int | None, state: SourceState | None = None):
-        total = float(sum(weights))
-        if total <= 0 or any(w < 0 for w in weights):
-            raise ConfigError(f"mixture weights must be >= 0 with a positive sum, got {weights}")
+                 num_lanes: int, epochs: int | None, state: SourceState | None = None,
+                 schedule: list[list[float]] | None = None):
         self.orders = orders
-        self.weights = [w / total for w in weights]
+        self.schedule = [_normalized(w) for w in schedule] if schedule else None
+        self.weights = self.schedule[0] if self.schedule else _normalized(weights)
         self.lane = lane
         self.num_lanes = num_lanes
         self.epochs = epochs
-        self.state = state or SourceState(0, [0] * len(orders))
         self.exhausted = False
+        #: ``mix_by = "tokens"``: tokens of the phase's draws per dataset (`PhaseGate`)
+        self.token_estimate: Any = None
+        self.state = state or SourceState(0, [0] * len(orders))
+        if self.schedule is not None and self.state.phase_counts is None:
+            self.state.phase_counts = [0] * len(orders)
+
+    def set_state(self, state: SourceState) -> None:
+        """Resume from `state` (a phased source needs a phased state and vice versa)."""
+        if (self.schedule is None) != (state.phase_counts is None):
+            raise ValueError("source state and recipe disagree on having a mixture schedule")
+        if self.schedule is not None:
+            if not 0 <= state.phase < len(self.schedule):
+                raise ValueError(f"source.phase {state.phase} is outside the schedule's "
+                                 f"{len(self.schedule)} phases")
+            if len(state.phase_counts or []) != len(self.orders):
+                raise ValueError("source.phase_counts has the wrong number of datasets")
+            self.weights = self.schedule[state.phase]
+        self.state = state
+
+    @property
+    def phased(self) -> bool:
+        return self.schedule is not None
+
+    def begin_phase(self) -> None:
+        """The next draw is the first of the next phase."""
+        assert self.schedule is not None and self.state.phase + 1 < len(self.schedule)
+        st = self.state
+        st.phase += 1
+        st.phase_start = st.draws
+        st.phase_counts = [0] * len(self.orders)
+        self.weights = self.schedule[st.phase]
 
     def _choose(self) -> int:
-        n = self.state.draws + 1
-        deficits = [n * w - c for w, c in zip(self.weights, self.state.counts, strict=True)]
+        st = self.state
+        if st.phase_counts is None:
+            n, counts = st.draws + 1, st.counts
+        elif self.token_estimate is not None:
+            tokens = self.token_estimate(st.phase_counts)
+            total = sum(tokens)
+            return int(np.argmax([total * w - t if w > 0 else -np.inf
+                                  for w, t in zip(self.weights, tokens, strict=True)]))
+        else:
+            n, counts = st.draws - st.phase_start + 1, st.phase_counts
+        deficits = [n * w - c for w, c in zip(self.weights, counts, strict=True)]
         return int(np.argmax(deficits))
 
     def next(self) -> Origin | None:
@@ -172,5 +301,7 @@ class LaneSource:
         shard, index, epoch = order.locate(position)
         origin = Origin(self.state.draws, j, shard, index, epoch)
         self.state.counts[j] += 1
+        if self.state.phase_counts is not None:
+            self.state.phase_counts[j] += 1
         self.state.draws += 1
         return origin

@@ -33,7 +33,23 @@ def fingerprint_digest(fp: dict) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
 
 
-def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int) -> dict:
+#: the global batch sizes resumes asked for, [[step, G], ...]; absent when none did
+RESIZED_KEY = "global_batch_sizes"
+
+
+def resized_of(state: Any) -> list[tuple[int, int]]:
+    """The (step, G) changes a state's resumes asked for; refuses a malformed list."""
+    found = state.get(RESIZED_KEY, []) if isinstance(state, dict) else []
+    if not (isinstance(found, list) and all(
+            isinstance(e, list) and len(e) == 2 and all(is_count(x) for x in e) and e[1] > 0
+            for e in found)):
+        raise CheckpointError(f"checkpoint is corrupt: {RESIZED_KEY} is not a list of "
+                              "[step, global batch size]")
+    return [(int(s), int(g)) for s, g in found]
+
+
+def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int,
+               resized: list[tuple[int, int]] | None = None) -> dict:
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -43,6 +59,8 @@ def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: 
         "step": step,
         "lanes": {str(k): {**v, "lane": k} for k, v in sorted(lanes.items())},
     }
+    if resized:
+        state[RESIZED_KEY] = [[s, g] for s, g in resized]
     state[CHECKSUM_KEY] = state_checksum(state)
     return state
 
@@ -88,11 +106,13 @@ def short_json(v: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any]) -> None:
+def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
+                rows: int | None = None) -> None:
     """Refuse a state that is not ours or is damaged, naming what is wrong and how to fix it.
 
     Every lane is checked, not only `lanes` (the ones this rank restores), so
-    all ranks refuse a damaged state alike.
+    all ranks refuse a damaged state alike. `rows`: the rows every lane has
+    given by the state's step (default: step * G / L).
     """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError("not a zephon checkpoint (no 'format': 'zephon-checkpoint'); "
@@ -128,7 +148,7 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any])
             f"checkpoint lacks the states of lanes {missing[:8]}: it is a rank-local state. "
             "Save the global state (state_dict() with torch.distributed initialized, or "
             "merge_states over all ranks) to resume on another rank count")
-    checker = LaneChecker(fingerprint, state["step"], ops)
+    checker = LaneChecker(fingerprint, state["step"], ops, rows)
     for key, snap in state["lanes"].items():
         if not (key.isdigit() and int(key) < fingerprint["num_lanes"]):
             raise CheckpointError(f"checkpoint is corrupt: it holds a state for lane {key!r} of "
@@ -148,6 +168,8 @@ def merge_states(states: list[dict]) -> dict:
     for s in states:
         if s.get("fingerprint_sha256") != first.get("fingerprint_sha256"):
             raise CheckpointError("cannot merge states of different recipes (fingerprints differ)")
+        if s.get(RESIZED_KEY) != first.get(RESIZED_KEY):
+            raise CheckpointError(f"cannot merge states that disagree on {RESIZED_KEY}")
         if s.get("step") != first.get("step"):
             raise CheckpointError(f"cannot merge states of different steps: {first.get('step')} "
                                   f"and {s.get('step')}; take them at the same step boundary")
@@ -155,7 +177,8 @@ def merge_states(states: list[dict]) -> dict:
             if int(k) in lanes and lanes[int(k)] != v:
                 raise CheckpointError(f"two ranks disagree on the state of lane {k}")
             lanes[int(k)] = v
-    return make_state(first["fingerprint"], first["step"], lanes, first["num_lanes"])
+    return make_state(first["fingerprint"], first["step"], lanes, first["num_lanes"],
+                      resized_of(first))
 
 
 def gather_global_state(local: dict) -> dict:

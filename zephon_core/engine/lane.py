@@ -18,7 +18,9 @@ from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
 from zephon_core.engine.backlog import Backlog
+from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
+from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
@@ -26,6 +28,12 @@ from zephon_core.ops.contract import Accumulator, Combiner, Digested, Row, Segme
 from zephon_core.records import Dropped, Element, Origin
 
 _KEY_SALT = 0x454C454D
+
+
+def payload_tokens(payload: Any) -> int:
+    """Tokens a payload brings to the combiner (``mix_by = "tokens"`` counts these)."""
+    tokens = payload.get("tokens") if isinstance(payload, dict) else None
+    return len(tokens) if tokens is not None else 0
 
 
 def element_key(seed: int, o: Origin) -> int:
@@ -77,8 +85,11 @@ class LaneRun:
 
     def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
                  seed: int, rows_per_step: int, observer: StageObserver | None = None,
-                 backlog: Backlog | None = None) -> None:
+                 backlog: Backlog | None = None, gate: PhaseGate | None = None,
+                 batches: BatchSchedule | None = None) -> None:
         self.lane = lane
+        #: with a mixture schedule: decides in lane order when the source's next phase starts
+        self.gate = gate
         self.backlog = backlog
         self.observer = observer
         self.plan = plan
@@ -87,6 +98,8 @@ class LaneRun:
         self.source = source
         self.seed = seed
         self.r = rows_per_step
+        #: with a global batch size that changes: where steps begin (else every `r` rows)
+        self.batches = batches
         ex = plan.execution
         self.group_size = ex.group_size
         self.prefetch = plan.prefetch
@@ -181,20 +194,33 @@ class LaneRun:
                 seen.append(origin)
                 if isinstance(payload, Dropped):
                     if i == self.combiner_index:
+                        if self.gate is not None:
+                            self.gate.at_combiner(origin, self.rows_emitted)
                         self._record_drop(origin, payload.reason)
                     else:
                         self._to_stage(i + 1, origin, payload)
                 elif i == self.combiner_index:
+                    if self.gate is not None:
+                        self.gate.at_combiner(origin, self.rows_emitted, payload_tokens(payload))
                     refused = self.combiner.push(origin, payload)
                     if refused is None:
                         self.drops_in_a_row = {}
                     else:
+                        if self.gate is not None:
+                            self.gate.refused()
                         self._record_drop(origin, refused.reason)
                         if self.digests is not None:
                             self.digests.pop(origin, None)
                     self._take_rows()
                 else:
-                    for o, p in self.accs[i].push((origin, payload)):
+                    if self.gate is not None:
+                        for o, p in self.gate.cut(str(self.op_of_stage[i]), origin,
+                                                  self.accs[i]):
+                            self._to_stage(i + 1, o, p)
+                    outs = self.accs[i].push((origin, payload))
+                    if self.gate is not None:
+                        self.gate.released(origin, outs)
+                    for o, p in outs:
                         self._to_stage(i + 1, o, p)
             if self.observer is not None:
                 self._observe(i, DRIVER, start, time.monotonic(), seen)
@@ -217,7 +243,9 @@ class LaneRun:
                     held = set(self.held_origins())
                     self.digests = {o: d for o, d in self.digests.items() if o in held}
             self.rows_emitted += 1
-            snap = self.snapshot() if self.rows_emitted % self.r == 0 else None
+            boundary = (self.rows_emitted % self.r == 0 if self.batches is None
+                        else self.batches.step_at_rows(self.rows_emitted) is not None)
+            snap = self.snapshot() if boundary else None
             self.rows.append((row, snap))
 
     def _segment_digest(self, s: Segment) -> dict[str, str]:
@@ -241,8 +269,21 @@ class LaneRun:
         if (self.source_done or self.rows_emitted >= self.want_rows
                 or self._in_flight() >= self.budget):
             return False
+        if self.gate is not None and not self.gate.may_draw(self.source, self.rows_emitted,
+                                                            self._lowest_moving()):
+            return False
         return self.backlog is None or self.backlog.admits(self.transforming,
                                                            len(self.rows) < self.r)
+
+    def _lowest_moving(self) -> int | None:
+        """The smallest trigger among elements between stages (each queue is in trigger
+        order, so only heads count)."""
+        gate = self.gate
+        assert gate is not None
+        heads = [st.inflight[0].origins[0] if st.inflight else st.waiting[0][0]
+                 for st in self.t.values() if st.inflight or st.waiting]
+        heads += [box[0][0] for box in self.inbox.values() if box]
+        return min((gate.trigger(o) for o in heads), default=None)
 
     def _empty_before(self, i: int) -> bool:
         return all(
@@ -360,6 +401,12 @@ class LaneRun:
         return pending + held + self.combiner.held_origins()
 
     def snapshot(self) -> dict:
+        snap = self._snapshot()
+        if self.gate is not None:
+            snap["phase_gate"] = self.gate.state()
+        return snap
+
+    def _snapshot(self) -> dict:
         return {
             "source": self.source.state.to_json(),
             "source_done": self.source_done,
@@ -386,7 +433,9 @@ class LaneRun:
     def restore(self, snap: dict) -> None:
         """Rebuild the lane from a snapshot; payloads are recomputed from origins."""
         try:
-            self.source.state = SourceState.from_json(snap["source"])
+            self.source.set_state(SourceState.from_json(snap["source"]))
+            if self.gate is not None:
+                self.gate.restore(snap["phase_gate"])
             if len(self.source.state.counts) != len(self.source.orders):
                 raise ValueError(f"source.counts has {len(self.source.state.counts)} entries "
                                  f"for {len(self.source.orders)} datasets")

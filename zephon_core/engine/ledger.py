@@ -72,12 +72,14 @@ def _origin(o: Origin) -> dict[str, int]:
 
 
 def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
-                 keys: Any = None) -> dict[int, dict]:
+                 keys: Any = None, phase_of: Mapping[int, Any] | None = None
+                 ) -> dict[int, dict]:
     """Per lane: its rows' samples and drops at one step, and their digest.
 
     `rows` are one rank's rows of the step in lane order (`rows_per_lane` per
     lane of `lanes`). `keys(dataset, shard, index)` names a sample when the
-    dataset's reader has keys (a WebDataset's ``__key__``), else None.
+    dataset's reader has keys (a WebDataset's ``__key__``), else None. With a
+    mixture schedule, `phase_of[lane](origin)` is the phase each sample was drawn in.
     """
     out: dict[int, dict] = {}
     for k, lane in enumerate(lanes):
@@ -92,6 +94,8 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 if key is not None:
                     sample["key"] = key
                 sample["span"] = [s.start, s.end]
+                if phase_of is not None:
+                    sample["phase"] = phase_of[lane](s.origin)
                 sample["digest"] = d
                 samples.append(sample)
             lane_rows.append(samples)
@@ -114,14 +118,46 @@ def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
     order = sorted(entries)
     digest = hashlib.sha256("".join(f"{lane}:{entries[lane]['digest']}\n"
                                     for lane in order).encode()).hexdigest()
+    rows = [{"lane": lane, "samples": samples}
+            for lane in order for samples in entries[lane]["rows"]]
     return {
         "step": step,
         "digest": digest,
         "lanes": {str(lane): entries[lane]["digest"] for lane in order},
-        "rows": [{"lane": lane, "samples": samples}
-                 for lane in order for samples in entries[lane]["rows"]],
+        "rows": rows,
         "drops": [{"lane": lane, **d} for lane in order for d in entries[lane]["drops"]],
+        "mixture": step_mixture(rows),
     }
+
+
+def step_mixture(rows: list[dict]) -> dict[str, Any]:
+    """The realized mixture of a step, per dataset index: samples (segments that begin a
+    sample) and tokens (span lengths) its rows hold. Derived from the rows alone."""
+    samples: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    phases: set[int] = set()
+    for row in rows:
+        for s in row["samples"]:
+            if "phase" in s:
+                phases.add(s["phase"])
+            ds = str(s["dataset"])
+            start, end = s["span"]
+            samples[ds] = samples.get(ds, 0) + (start == 0)
+            tokens[ds] = tokens.get(ds, 0) + end - start
+    order = sorted(tokens, key=int)
+    out: dict[str, Any] = {"samples": {k: samples[k] for k in order},
+                           "tokens": {k: tokens[k] for k in order}}
+    if phases:
+        out["phases"] = sorted(phases)  # the phases its samples were drawn in
+    return out
+
+
+def mixture_shares(entry: dict, names: list[str], by: str = "tokens") -> dict[str, float]:
+    """A step's realized share per dataset name (`by` tokens or samples); 0 for datasets it
+    does not hold."""
+    counts = (entry.get("mixture") or step_mixture(entry["rows"]))[by]
+    total = sum(counts.values()) or 1
+    return {name: counts.get(str(j), 0) / total for j, name in enumerate(names)}
 
 
 def reader_keys(recipe: Any) -> Any:

@@ -17,14 +17,22 @@ from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
 from zephon_core.data.storage import storage_settings
 from zephon_core.engine.backlog import Backlog
-from zephon_core.engine.checkpoint import check_state, gather_global_state, make_state
+from zephon_core.engine.batches import BatchSchedule
+from zephon_core.engine.checkpoint import (
+    check_state,
+    gather_global_state,
+    make_state,
+    resized_of,
+)
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import LaneRun
 from zephon_core.engine.ledger import RankLedger, lane_entries, reader_keys
 from zephon_core.engine.metrics import WAIT_WARN_SHARE, LoaderMetrics, recorder_for
 from zephon_core.engine.observe import StageObserver, StageStats
+from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
+from zephon_core.engine.state_check import is_count
 from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.recipes.recipe import Recipe
@@ -128,10 +136,10 @@ class Loader:
         self.dp_world_size = dp_world_size
         self.lanes = recipe.lanes_of(dp_rank, dp_world_size)
         self.local_rows = recipe.rows_per_lane * len(self.lanes)
-        if microbatches < 1 or self.local_rows % microbatches:
-            raise ConfigError(f"the local batch of {self.local_rows} rows cannot be split into "
-                              f"{microbatches} equal microbatches")
         self.microbatches = microbatches
+        #: global batch sizes a resume asked for: (step, G), in the state from then on
+        self.resized: list[tuple[int, int]] = []
+        self._set_batches()
         self.execution = execution or Execution()
         self.digests = digests or ledger is not None
         self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests)
@@ -173,14 +181,31 @@ class Loader:
         self._lane_observer = self._recorder.observe if stage_metrics else observer
         self._build_lanes(None)
 
+    def _set_batches(self) -> None:
+        r = self.recipe
+        self.batches = BatchSchedule.build(r.num_lanes, r.global_batch_size, r.batch_sizes(),
+                                           self.resized)
+        for step, per_lane in self.batches.changes:
+            local = per_lane * len(self.lanes)
+            if self.microbatches < 1 or local % self.microbatches:
+                raise ConfigError(f"the local batch of {local} rows (from step {step}) cannot be "
+                                  f"split into {self.microbatches} equal microbatches")
+
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
         r = self.recipe
         self._runs = []
+        schedule = r.schedule()
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
-                             r.epochs)
-            run = LaneRun(lane, self.plan, self.runners, src, r.seed, r.rows_per_lane,
-                          self._lane_observer, self.backlog)
+                             r.epochs, schedule=schedule[1] if schedule else None)
+            gate = (PhaseGate([self.batches.rows_before(s) for s in schedule[0]], r.phase_lag,
+                              r.mix_by == "tokens", len(r.datasets))
+                    if schedule else None)
+            if gate is not None and gate.tokens:
+                src.token_estimate = gate.token_estimate
+            run = LaneRun(lane, self.plan, self.runners, src, r.seed, self.batches.r_at(0),
+                          self._lane_observer, self.backlog, gate,
+                          None if self.batches.static else self.batches)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
@@ -246,10 +271,11 @@ class Loader:
 
     def _advance_lanes(self) -> _Step | None:
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
-        r = self.recipe.rows_per_lane
+        t = self._produced
+        r = self.batches.r_at(t)
         ahead = self.execution.prefetch_steps
         for run in self._runs:
-            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+            run.want_rows = self.batches.rows_before(t + 1 + ahead)
         stall = self.execution.stall_seconds
         made, since = -1, 0.0
         while not (full := all(len(run.rows) >= r for run in self._runs)):
@@ -275,13 +301,15 @@ class Loader:
             drops += [d for row, _ in taken for d in row.drops]
             snaps[run.lane] = taken[-1][1]
         for run in self._runs:
-            run.want_rows = run.rows_emitted - len(run.rows) + (1 + ahead) * r
+            run.want_rows = self.batches.rows_before(t + 2 + ahead)
             run.pump()
         meta = StepMeta(self._produced, list(self.lanes),
                         [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
                         drops)
         if self.digests:
-            meta.ledger = lane_entries(self.lanes, r, rows, self._keys)
+            phase_of = ({run.lane: run.gate.phase_of for run in self._runs if run.gate}
+                        if self.recipe.schedule() else None)
+            meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1
         return _Step(rows, snaps, meta)
 
@@ -343,9 +371,9 @@ class Loader:
         for item in undelivered:
             if isinstance(item, BaseException):
                 raise item
-        r = self.recipe.rows_per_lane
         per_lane: dict[int, list[Row]] = {lane: [] for lane in self.lanes}
         for step, _batch in undelivered:
+            r = self.batches.r_at(step.meta.step)
             for k, lane in enumerate(self.lanes):
                 per_lane[lane] += step.rows[k * r:(k + 1) * r]
         try:
@@ -529,7 +557,8 @@ class Loader:
     # --- checkpoint --------------------------------------------------------
     def local_state_dict(self) -> dict:
         """This rank's lanes only, at the last step boundary delivered."""
-        return make_state(self.fingerprint, self.step, self._snapshots, self.recipe.num_lanes)
+        return make_state(self.fingerprint, self.step, self._snapshots, self.recipe.num_lanes,
+                          self.resized)
 
     def state_dict(self) -> dict:
         """The global state when torch.distributed is initialized (identical on every rank).
@@ -545,9 +574,31 @@ class Loader:
                 return gather_global_state(local)
         return local
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue exactly where `state` was taken, on this loader's rank count."""
-        check_state(state, self.fingerprint, self.lanes, self.recipe.ops)
+    def load_state_dict(self, state: dict, global_batch_size: int | None = None) -> None:
+        """Continue exactly where `state` was taken, on this loader's rank count.
+
+        `global_batch_size` changes `G` from the state's step on (a multiple of
+        `L`; until the next phase that sets one): the lanes' rows stay the same,
+        only the steps that take them change (docs/elastic-changes.md).
+        """
+        resized = resized_of(state)
+        saved = BatchSchedule.build(self.recipe.num_lanes, self.recipe.global_batch_size,
+                                    self.recipe.batch_sizes(), resized)
+        check_state(state, self.fingerprint, self.lanes, self.recipe.ops,
+                    saved.rows_before(state["step"])
+                    if isinstance(state, dict) and is_count(state.get("step")) else None)
+        step = int(state["step"])
+        if global_batch_size is not None and \
+                global_batch_size != saved.r_at(step) * self.recipe.num_lanes:
+            resized = [*[c for c in resized if c[0] != step], (step, global_batch_size)]
+        before = self.resized
+        self.resized = resized
+        try:
+            self._set_batches()
+        except ConfigError:
+            self.resized = before
+            self._set_batches()
+            raise
         self._stop_background()
         snaps = {lane: state["lanes"][str(lane)] for lane in self.lanes}
         self.step = self._produced = int(state["step"])

@@ -114,10 +114,10 @@ class SimulatedRanks:
         return json.dumps(merge_states([ld.local_state_dict() for ld in self.loaders]),
                           sort_keys=True)
 
-    def load(self, state_json: str | dict) -> None:
+    def load(self, state_json: str | dict, global_batch_size: int | None = None) -> None:
         state = json.loads(state_json) if isinstance(state_json, str) else state_json
         for loader in self.loaders:
-            loader.load_state_dict(state)
+            loader.load_state_dict(state, global_batch_size)
 
     def explain(self) -> str:
         return self.loaders[0].explain()
@@ -154,16 +154,16 @@ class ElasticRun:
     def steps(self, sim: SimulatedRanks, stop: int, phase: str,
               writer: LedgerWriter | None = None) -> Iterator[StepRecord]:
         """Global steps from `sim`'s current step up to `stop` (fewer at the end of the data)."""
-        capacity = sim.recipe.global_batch_size * sim.recipe.seq_len
         for t in range(sim.step, stop):
             t0 = time.perf_counter()
             out = sim.global_step()
             if out is None:
                 return
+            capacity = len(out.rows) * sim.recipe.seq_len
             if writer is not None and out.ledger is not None:
                 writer.write(out.ledger)
             yield StepRecord(t, batch_digest(out.batch), sim.dp, phase,
-                             sim.recipe.global_batch_size, out.tokens, out.tokens / capacity,
+                             len(out.rows), out.tokens, out.tokens / capacity,
                              out.drops, time.perf_counter() - t0, out)
 
     def _writer(self, path: str | os.PathLike | None, recipe: Recipe) -> LedgerWriter | None:
@@ -171,8 +171,10 @@ class ElasticRun:
 
     def run(self, dp: int, steps: int, save_at: int | None = None,
             resume_dp: list[int] | None = None,
-            on_state: Callable[[str], None] | None = None) -> Iterator[StepRecord]:
-        """The uninterrupted run on `dp` ranks (phase ``run``), then each resume (``resumed@K``).
+            on_state: Callable[[str], None] | None = None,
+            resume_global_batch_size: int | None = None) -> Iterator[StepRecord]:
+        """The uninterrupted run on `dp` ranks (phase ``run``), then each resume (``resumed@K``,
+        with `resume_global_batch_size` from step K on if given).
 
         With `save_at`, the global state is taken after `save_at` steps (kept
         as `self.state`, passed to `on_state`) and, after the uninterrupted
@@ -192,16 +194,17 @@ class ElasticRun:
             if writer is not None:
                 writer.close()
         for d2 in resume_dp or [dp]:
-            yield from self.resume(self.state, d2, steps, f"resumed@{save_at}")
+            yield from self.resume(self.state, d2, steps, f"resumed@{save_at}",
+                                   global_batch_size=resume_global_batch_size)
 
     def resume(self, state: str | dict, dp: int, steps: int,
-               phase: str = "resumed", ledger: str | os.PathLike | None = None
-               ) -> Iterator[StepRecord]:
+               phase: str = "resumed", ledger: str | os.PathLike | None = None,
+               global_batch_size: int | None = None) -> Iterator[StepRecord]:
         """Restore `state` on `dp` ranks and run up to step `steps`; the restore time is
         counted in the first step's seconds."""
         sim = self.ranks(dp)
         t0 = time.perf_counter()
-        sim.load(state)
+        sim.load(state, global_batch_size)
         restore_s = time.perf_counter() - t0
         if ledger is None and self.ledger is not None:
             ledger = resumed_ledger_path(self.ledger, dp)
@@ -232,7 +235,8 @@ def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
                 execution: Execution | None = None, save_at: int | None = None,
                 resume_dp: list[int] | None = None,
                 on_state: Callable[[str], None] | None = None,
-                ledger: str | os.PathLike | None = None) -> Iterator[StepRecord]:
+                ledger: str | os.PathLike | None = None,
+                resume_global_batch_size: int | None = None) -> Iterator[StepRecord]:
     """Yield one record per global step of the uninterrupted run on `dp` ranks.
 
     With `save_at`, the global state is also taken after `save_at` steps and,
@@ -240,7 +244,7 @@ def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
     ``resumed@K``), whose records follow. See `ElasticRun` for `ledger`.
     """
     with ElasticRun(make_recipe, execution, ledger) as run:
-        yield from run.run(dp, steps, save_at, resume_dp, on_state)
+        yield from run.run(dp, steps, save_at, resume_dp, on_state, resume_global_batch_size)
 
 
 def gathered_batch_digest(local: dict) -> str | None:

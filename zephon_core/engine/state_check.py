@@ -108,7 +108,8 @@ class LaneChecker:
     (`ops`); each operator checks its own part (`StatefulOp.check_state`).
     """
 
-    def __init__(self, fingerprint: dict, step: int, ops: list[Any]) -> None:
+    def __init__(self, fingerprint: dict, step: int, ops: list[Any],
+                 rows: int | None = None) -> None:
         from zephon_core.ops.contract import AccumulatorOp, StatefulOp
 
         self.fingerprint = fingerprint
@@ -117,6 +118,7 @@ class LaneChecker:
         self.accumulators = {str(i) for i, op in enumerate(ops) if isinstance(op, AccumulatorOp)}
         self.stateful = {str(i) for i, op in enumerate(ops) if isinstance(op, StatefulOp)}
         self.rows_per_lane = fingerprint["global_batch_size"] // fingerprint["num_lanes"]
+        self.rows = step * self.rows_per_lane if rows is None else rows
         self.epochs = fingerprint.get("epochs")
         self.shards: list[list[int | None]] = []
         for d in fingerprint["datasets"]:
@@ -164,11 +166,14 @@ class LaneChecker:
         if sum(src["counts"]) != src["draws"]:
             raise self.fail(lane, "source", f"counts {src['counts']} do not add up to draws "
                             f"{src['draws']}")
+        if any("weights" in p for p in self.fingerprint.get("phases", [])) or \
+                self.fingerprint.get("mix_by") == "tokens":
+            self._check_phases(lane, snap)
         if not isinstance(snap["source_done"], bool):
             raise self.fail(lane, "source_done", "is not true or false")
-        if snap["rows"] != self.step * self.rows_per_lane:
+        if snap["rows"] != self.rows:
             raise self.fail(lane, "rows", f"is {snap['rows']!r} at step {self.step}, where every "
-                            f"lane has given {self.step * self.rows_per_lane} rows")
+                            f"lane has given {self.rows} rows")
         draws = src["draws"]
         for key, want in (("pending", self.stateful), ("accumulators", self.accumulators)):
             if not isinstance(snap[key], dict) or set(snap[key]) != want:
@@ -198,3 +203,45 @@ class LaneChecker:
         dropped = snap["dropped"]
         if not (isinstance(dropped, dict) and all(is_count(v) for v in dropped.values())):
             raise self.fail(lane, "dropped", "is not a mapping of reasons to counts")
+
+    def _check_phases(self, lane: int, snap: dict) -> None:
+        """A phased lane: its phase counters and its gate (engine.phases)."""
+        src = snap["source"]
+        phases = 1 + sum(1 for p in self.fingerprint["phases"]
+                         if p["start_step"] > 0 and "weights" in p)
+        if not (is_count(src.get("phase")) and src["phase"] < phases
+                and is_count(src.get("phase_start")) and src["phase_start"] <= src["draws"]):
+            raise self.fail(lane, "source.phase", f"is not a phase of the {phases}-phase "
+                            "schedule with its start draw")
+        counts = src.get("phase_counts")
+        if not (isinstance(counts, list) and len(counts) == len(self.shards)
+                and all(is_count(c) for c in counts)
+                and sum(counts) == src["draws"] - src["phase_start"]):
+            raise self.fail(lane, "source.phase_counts", "does not count the phase's draws "
+                            "per dataset")
+        gate = snap.get("phase_gate")
+        if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
+                and isinstance(gate.get("tau"), list)
+                and all(isinstance(e, list) and len(e) == 5 and all(is_count(x) for x in e)
+                        and e[3] < len(self.shards) for e in gate["entries"])
+                and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
+                        for e in gate["tau"])):
+            raise self.fail(lane, "phase_gate", "is not {entries: [[trigger, rows, phase, "
+                            "dataset, tokens]...], tau: [[origin..., trigger]...]}")
+        for key in ("settled_tokens", "settled_samples"):
+            v = gate.get(key)
+            if not (isinstance(v, list) and len(v) == len(self.shards)
+                    and all(is_count(x) for x in v)):
+                raise self.fail(lane, f"phase_gate.{key}", "is not a count per dataset")
+        for e in gate["tau"]:
+            self.origin(lane, "phase_gate.tau", e[:5], src["draws"])
+        starts = gate.get("start_draws")
+        if not (isinstance(starts, list) and len(starts) == src["phase"]
+                and all(is_count(n) and n <= src["draws"] for n in starts)
+                and starts == sorted(starts)):
+            raise self.fail(lane, "phase_gate.start_draws", f"is not the start draws of the "
+                            f"{src['phase']} phases begun so far")
+        acc = gate.get("acc_phase")
+        if not (isinstance(acc, dict) and set(acc) <= self.accumulators
+                and all(is_count(v) and v <= src["phase"] for v in acc.values())):
+            raise self.fail(lane, "phase_gate.acc_phase", "is not a phase per accumulator")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_core.data.sources import Dataset, ShuffleSettings
+from zephon_core.data.sources import Dataset, Phase, ShuffleSettings, phase_weights
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import CombinerOp, Operator, Row
 from zephon_core.ops.pack import text_row_arrays
@@ -38,7 +38,10 @@ class Recipe:
     """Datasets, operators (ending with a `CombinerOp` such as `Pack`), batch geometry and seed.
 
     `global_batch_size` rows per step, `num_lanes` lanes (`L`), so each lane
-    gives `global_batch_size // num_lanes` rows per step.
+    gives `global_batch_size // num_lanes` rows per step. `phases` make the
+    mixture a schedule (`Phase(start_step, weights)`; before the first one the
+    datasets' own weights apply); `phase_lag` is how many draws past its last
+    step a lane keeps the old mixture (engine.phases, docs/elastic-changes.md).
     """
 
     datasets: list[Dataset]
@@ -50,6 +53,11 @@ class Recipe:
     shuffle: ShuffleSettings = field(default_factory=ShuffleSettings)
     collate: Any = None
     name: str = "custom"
+    phases: list[Phase] = field(default_factory=list)
+    phase_lag: int = 32
+    #: "samples" (weights count samples) or "tokens" (weights count the tokens the
+    #: combiner receives; docs/elastic-changes.md)
+    mix_by: str = "samples"
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -67,6 +75,16 @@ class Recipe:
             raise ConfigError(
                 f"global_batch_size ({self.global_batch_size}) must be a positive multiple of "
                 f"num_lanes ({self.num_lanes}): each lane gives the same number of rows per step")
+        self.phases = [p if isinstance(p, Phase) else Phase(**p) for p in self.phases]
+        if not isinstance(self.phase_lag, int) or self.phase_lag < 0:
+            raise ConfigError(f"phase_lag must be an int >= 0, got {self.phase_lag!r}")
+        if self.mix_by not in ("samples", "tokens"):
+            raise ConfigError(f"mix_by must be 'samples' or 'tokens', got {self.mix_by!r}")
+        self.schedule()  # refuses a bad schedule now, not at the first step
+        for step, g in self.batch_sizes():
+            if not isinstance(g, int) or g < 1 or g % self.num_lanes:
+                raise ConfigError(f"phase at step {step}: global_batch_size ({g}) must be a "
+                                  f"positive multiple of num_lanes ({self.num_lanes})")
         if self.collate is None:
             self.collate = TextCollate(self.seq_len, self.combiner.pad_id)
 
@@ -74,6 +92,22 @@ class Recipe:
     def combiner(self) -> CombinerOp:
         """The last operator, which makes the rows."""
         return self.ops[-1]  # type: ignore[return-value]
+
+    def schedule(self) -> tuple[list[int], list[list[float]]] | None:
+        """Start steps and weight vectors of the phases, or None for a static mixture."""
+        if not any(p.weights is not None for p in self.phases):
+            if self.phases:
+                phase_weights(self.phases, [d.name for d in self.datasets], [])
+            if self.mix_by == "tokens":  # one phase: the gate settles the token counts
+                return [0], [[d.weight for d in self.datasets]]
+            return None
+        return phase_weights(self.phases, [d.name for d in self.datasets],
+                             [d.weight for d in self.datasets])
+
+    def batch_sizes(self) -> list[tuple[int, int]]:
+        """(start step, global batch size) of the phases that set one."""
+        return [(p.start_step, p.global_batch_size) for p in self.phases
+                if p.global_batch_size is not None]
 
     @property
     def seq_len(self) -> int:
@@ -112,4 +146,9 @@ class Recipe:
             "operators": [{"name": o.name, "type": type(o).__name__, **o.settings()}
                           for o in self.ops],
             "collate": settings() if callable(settings) else type(self.collate).__name__,
+            # only with a schedule, so a static recipe's fingerprint is what it always was
+            **({"phases": [p.settings() for p in self.phases], "phase_lag": self.phase_lag}
+               if self.phases else {}),
+            **({"mix_by": "tokens", "phase_lag": self.phase_lag}
+               if self.mix_by == "tokens" else {}),
         }

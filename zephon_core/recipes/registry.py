@@ -29,6 +29,11 @@ A TOML recipe file looks like::
     files = ["llava_instruct_150k.json"]
     image_folder = "coco/train2017"
     fields = { conversations = "turns" }          # renamed fields, if any
+    phase_lag = 32                # optional, with [[phases]]: see docs/elastic-changes.md
+    mix_by = "tokens"             # optional: weights count tokens, not samples
+    [[phases]]                    # optional mixture schedule: from step 1000 on, 1:1
+    start_step = 1000
+    weights = { web = 1.0, laion = 1.0 }   # a dataset not named weighs 0 in the phase
 
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
@@ -47,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.data.formats import DatasetSpec, known_formats
-from zephon_core.data.sources import ShuffleSettings
+from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError
 from zephon_core.recipes.recipe import Recipe
@@ -137,12 +142,16 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
             from zephon_core.recipes.assets import qwen_tokenizer_dir
 
             tokenizer = qwen_tokenizer_dir()
+        if "phases" in fields:
+            fields["phases"] = phases_from_tables(fields["phases"])
+        mix_by = fields.pop("mix_by", None)
         if "shuffle" in fields:
             fields["shuffle"] = settings_from_table(ShuffleSettings, fields["shuffle"], "shuffle")
         fields.setdefault("name", path.stem)
         fields.update(overrides)
         _check_keys(factory, fields, kind)
-        return factory(files, tokenizer, weights=weights, **fields)
+        recipe = factory(files, tokenizer, weights=weights, **fields)
+        return recipe if mix_by is None else dataclasses.replace(recipe, mix_by=mix_by)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -199,6 +208,28 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
         files[d["name"]] = found
         weights[d["name"]] = float(d.get("weight", 1.0))
     return files, weights
+
+
+def phases_from_tables(tables: Any) -> list[Phase]:
+    """``[[phases]]`` tables -> `Phase`s; an unknown or missing key is named."""
+    if not isinstance(tables, list):
+        raise ConfigError("phases must be an array of tables ([[phases]])")
+    out = []
+    for i, t in enumerate(tables):
+        known = {"start_step", "weights", "global_batch_size"}
+        if not isinstance(t, dict) or set(t) - known or "start_step" not in t or \
+                not isinstance(t.get("weights", {}), dict) or \
+                not ({"weights", "global_batch_size"} & set(t)):
+            keys = sorted(t) if isinstance(t, dict) else t
+            raise ConfigError(f"[[phases]] #{i + 1} needs start_step (an int) and a weights "
+                              "table (dataset name = weight), a global_batch_size or both; it "
+                              f"has {keys}")
+        weights = t.get("weights")
+        out.append(Phase(t["start_step"],
+                         None if weights is None else {str(k): float(v)
+                                                       for k, v in weights.items()},
+                         t.get("global_batch_size")))
+    return out
 
 
 def _location(entry: Any, base: Path) -> str:

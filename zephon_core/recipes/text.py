@@ -17,7 +17,7 @@ from typing import Any
 from zephon_core.data.formats import DatasetSpec, as_spec, dataset_reader
 from zephon_core.data.read import Read
 from zephon_core.data.readers import JsonlReader, ParquetReader, ShardReader
-from zephon_core.data.sources import Dataset, ShuffleSettings
+from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import ConfigError
@@ -51,8 +51,11 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
                 shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
                 max_open_bins: int = 4, overlong: str = "split", min_tokens: int = 1,
                 epochs: int | None = None, on_error: str = "raise",
-                name: str = "text") -> Recipe:
-    """A text recipe: shuffle pointers, read, tokenize, drop short documents, pack."""
+                name: str = "text", phases: Sequence[Phase | Mapping[str, Any]] = (),
+                phase_lag: int = 32) -> Recipe:
+    """A text recipe: shuffle pointers, read, tokenize, drop short documents, pack.
+
+    `phases` and `phase_lag` make the mixture a schedule (`Recipe`)."""
     named = dict(files) if isinstance(files, Mapping) else {"data": files}
     weights = dict(weights or {})
     unknown = set(weights) - set(named)
@@ -82,7 +85,8 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
              pad_id=pad_id),
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
-                  shuffle=shuffle or ShuffleSettings(), name=name)
+                  shuffle=shuffle or ShuffleSettings(), name=name, phases=list(phases),
+                  phase_lag=phase_lag)
 
 
 def text_loader(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike, *,

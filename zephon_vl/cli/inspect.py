@@ -136,6 +136,9 @@ def summarize(state: dict) -> dict:
         lanes[key] = {"draws": src.get("draws"), "taken": counts, "epoch": epochs,
                       "rows": snap.get("rows"), "in_flight": in_flight, "buffered": len(held),
                       "pending_drops": len(snap.get("drops", []))}
+        if "phase" in src:
+            lanes[key]["phase"] = src["phase"]
+            lanes[key]["phase_start_draws"] = snap.get("phase_gate", {}).get("start_draws")
     return {
         "recipe": fp.get("recipe"), "fingerprint_sha256": state.get("fingerprint_sha256"),
         "num_lanes": L, "global_batch_size": fp.get("global_batch_size"),
@@ -144,6 +147,8 @@ def summarize(state: dict) -> dict:
                      for d, t in zip(fp.get("datasets", []), totals, strict=False)],
         "operators": [o.get("name") for o in fp.get("operators", [])],
         "step": state["step"], "lanes": lanes,
+        "phases": fp.get("phases", []), "phase_lag": fp.get("phase_lag"),
+        "global_batch_sizes": state.get("global_batch_sizes", []),
     }
 
 
@@ -154,13 +159,23 @@ def render(s: dict) -> str:
            "datasets: " + ", ".join(f"{d['name']} ({d['samples']} samples, weight {d['weight']})"
                                     for d in s["datasets"]),
            "operators: " + " -> ".join(map(str, s["operators"])),
+           *([f"mixture schedule (phase_lag {s['phase_lag']}): " + "; ".join(
+               f"from step {p['start_step']}: "
+               + ", ".join(f"{k} {p[k]}" for k in ("weights", "global_batch_size") if k in p)
+               for p in s["phases"])]
+             if s.get("phases") else []),
            f"step {s['step']}: the next batch is global step {s['step']}",
+           *(["global batch size changed on resume: " + ", ".join(
+               f"G={g} from step {t}" for t, g in s["global_batch_sizes"])]
+             if s.get("global_batch_sizes") else []),
            "lane  draws  taken per dataset  epoch  rows  in flight  buffered  drops pending"]
     for lane, v in s["lanes"].items():
         taken = ",".join(map(str, v["taken"]))
         epoch = ",".join("-" if e is None else str(e) for e in v["epoch"])
+        phase = (f"  phase {v['phase']} (began at draws {v['phase_start_draws']})"
+                 if "phase" in v else "")
         out.append(f"{lane:<5} {v['draws']!s:<6} {taken:<18} {epoch:<6} {v['rows']!s:<5} "
-                   f"{v['in_flight']:<10} {v['buffered']:<9} {v['pending_drops']}")
+                   f"{v['in_flight']:<10} {v['buffered']:<9} {v['pending_drops']}{phase}")
     return "\n".join(out)
 
 

@@ -111,6 +111,9 @@ def _digest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-dp", default=None,
                    help="restore the checkpoint on these rank counts (comma-separated)")
     p.add_argument("--state-out", default=None, help="also write the checkpoint JSON here")
+    p.add_argument("--resume-global-batch-size", type=int, default=None, metavar="G",
+                   help="the resumes take G rows per step from --save-at on (a multiple of "
+                        "L): same lane rows, other step boundaries (docs/elastic-changes.md)")
     p.add_argument("--explain", action="store_true", help="print the plan to stderr first")
     p.add_argument("--ledger", default=None, metavar="PATH",
                    help="write the per-step ledger here (resumes: PATH.resumed-dN.jsonl)")
@@ -134,7 +137,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
                 f.write(state)
 
     for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state,
-                           args.ledger):
+                           args.ledger, args.resume_global_batch_size):
         print(json.dumps(rec.to_json()), flush=True)
     return 0
 

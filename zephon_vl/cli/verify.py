@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 
+from zephon_core.engine.ledger import Ledger, mixture_shares
 from zephon_vl.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="LEDGER_A")
-    p.add_argument("b", metavar="LEDGER_B")
+    p.add_argument("b", metavar="LEDGER_B", nargs="?", default=None,
+                   help="omit with --mixture to only show LEDGER_A's mixture")
+    p.add_argument("--mixture", action="store_true",
+                   help="also print each step's realized mixture (token and sample shares per "
+                        "dataset, with the phase the recipe schedules for the step)")
 
 
 @command("verify", "compare two ledgers; name the first step, lane, row and sample that differ",
@@ -23,7 +28,15 @@ def _args(p: argparse.ArgumentParser) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from zephon_core.engine.ledger import compare_ledgers, read_ledger
 
-    a, b = read_ledger(args.a), read_ledger(args.b)
+    a = read_ledger(args.a)
+    if args.mixture:
+        print(render_mixture(a))
+    if args.b is None:
+        if not args.mixture:
+            print("verify needs LEDGER_B (or --mixture to show LEDGER_A's mixture)")
+            return 2
+        return 0
+    b = read_ledger(args.b)
     result = compare_ledgers(a, b)
     if not result.common:
         print(f"no common steps: A holds {_span(list(a.steps))}, B holds {_span(list(b.steps))}")
@@ -38,3 +51,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _span(steps: list[int]) -> str:
     return f"steps {min(steps)}..{max(steps)}" if steps else "no steps"
+
+
+def render_mixture(ledger: Ledger) -> str:
+    """One line per step: the phase the schedule gives the step, the phases its samples
+    were drawn in, and the realized token/sample shares."""
+    fp = ledger.fingerprint
+    names = [d["name"] for d in fp.get("datasets", [])]
+    starts = [0] + [p["start_step"] for p in fp.get("phases", [])
+                    if p["start_step"] > 0 and "weights" in p]
+    out = ["step  phase  drawn in  rows  " + "  ".join(f"{n} tokens/samples" for n in names)]
+    for t in sorted(ledger.steps):
+        entry = ledger.steps[t]
+        tok = mixture_shares(entry, names, "tokens")
+        smp = mixture_shares(entry, names, "samples")
+        phase = sum(1 for s in starts[1:] if s <= t)
+        drawn = ",".join(map(str, (entry.get("mixture") or {}).get("phases", [0])))
+        out.append(f"{t:<5} {phase:<6} {drawn:<9} {len(entry['rows']):<5} "
+                   + "  ".join(f"{tok[n]:.3f}/{smp[n]:.3f}" for n in names))
+    return "\n".join(out)

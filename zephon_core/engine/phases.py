@@ -1,0 +1,157 @@
+"""When a lane's mixture moves to its next phase: a decision made in lane order, never timing.
+
+A phase that starts at global step `s` starts, in lane `l`, at row `B = s * r`
+(`r` rows per lane per step). The lane must pick the phase of every draw
+*before* it knows which row that draw will land in, and how far it has drawn
+when row `B` begins depends on pipelining. So the decision uses only what the
+lane has fully consumed, `lag` draws back:
+
+* Every element carries a *trigger* draw: the draw whose arrival made it move
+  (its own draw, or, past an accumulator such as a shuffle buffer, the draw
+  whose push released it). Along the combiner's input the triggers never
+  decrease, so ``R(m)`` -- the rows the lane has made once everything
+  triggered by draws ``0..m`` reached the combiner -- is a function of the
+  lane's stream alone.
+* Draw ``n`` starts the next phase iff ``R(n - 1 - lag) >= B``. The lane
+  waits (draws nothing) while ``R(n - 1 - lag)`` is not known yet, i.e. while
+  an element triggered by one of those draws is still between stages.
+
+An accumulator never mixes two phases: before it takes its first element of
+phase `p` it releases everything it holds (its input is, by induction, all of
+phase `p - 1` and then all of phase `p`, so this is a clean cut at a stream
+position, not a moment).
+
+Hence rows ``< B`` (steps before `s`) hold draws of the old phase only, the
+new phase begins exactly `lag` draws after the draw that the lane pushed
+first after finishing row ``B - 1``, and all of it is independent of `D`,
+runners, prefetch and timing. `lag` is a recipe setting: the number of draws
+the lane may have in flight while a phase change is pending (0: exact, but
+one element at a time until the last phase has begun).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from zephon_core.data.sources import LaneSource
+from zephon_core.records import Origin
+
+
+class PhaseGate:
+    """One lane's phase decisions; `start_rows[p]` is the lane row at which phase `p` starts.
+
+    With `tokens` (``mix_by = "tokens"``) it also keeps, per dataset, the tokens
+    and samples of the current phase's draws that are *settled* (triggered by a
+    draw ``<= n - 1 - lag``, so known in lane order), and gives the source its
+    token estimate: settled tokens plus, for draws not settled yet, the
+    dataset's settled mean (1 token before any is known).
+    """
+
+    def __init__(self, start_rows: list[int], lag: int, tokens: bool = False,
+                 num_datasets: int = 0) -> None:
+        self.start_rows = start_rows
+        self.lag = lag
+        self.tokens = tokens
+        #: (trigger, rows made before it, phase, dataset, tokens) of each element the
+        #: combiner took, oldest first
+        self.entries: deque[tuple[int, int, int, int, int]] = deque()
+        self.settled_tokens = [0] * num_datasets
+        self.settled_samples = [0] * num_datasets
+        #: triggers of elements between stages that differ from their own draw
+        self.tau: dict[Origin, int] = {}
+        #: the draw at which each phase after the first began, in this lane
+        self.start_draws: list[int] = []
+        #: per accumulator (operator position): the phase of the last element it took
+        self.acc_phase: dict[str, int] = {}
+
+    def trigger(self, o: Origin) -> int:
+        return self.tau.get(o, o.seq)
+
+    def released(self, pushed: Origin, outs: list[tuple[Origin, Any]]) -> None:
+        """An accumulator took `pushed` and released `outs`: they move because of its trigger."""
+        t = self.tau.pop(pushed, pushed.seq)
+        for o, _ in outs:
+            if o.seq != t:
+                self.tau[o] = t
+
+    def phase_of(self, o: Origin) -> int:
+        return sum(1 for n in self.start_draws if n <= o.seq)
+
+    def cut(self, position: str, pushed: Origin, acc: Any) -> list[tuple[Origin, Any]]:
+        """What accumulator `position` releases before it takes `pushed`: all it holds if
+        `pushed` is its first element of a later phase."""
+        phase = self.phase_of(pushed)
+        if phase <= self.acc_phase.get(position, 0):
+            return []
+        self.acc_phase[position] = phase
+        outs = acc.flush()
+        t = self.trigger(pushed)
+        for o, _ in outs:
+            if o.seq != t:
+                self.tau[o] = t
+        return outs
+
+    def at_combiner(self, o: Origin, rows: int, tokens: int = 0) -> None:
+        self.entries.append((self.tau.pop(o, o.seq), rows, self.phase_of(o), o.dataset, tokens))
+
+    def refused(self) -> None:
+        """The combiner dropped the element it just took: it brings no tokens."""
+        t, rows, phase, ds, _ = self.entries[-1]
+        self.entries[-1] = (t, rows, phase, ds, 0)
+
+    def _rows_at(self, m: int, rows_now: int, phase: int) -> int:
+        entries = self.entries
+        while entries and entries[0][0] <= m:
+            _, _, p, ds, tokens = entries.popleft()
+            if p == phase:
+                self.settled_tokens[ds] += tokens
+                self.settled_samples[ds] += 1
+        return entries[0][1] if entries else rows_now
+
+    def may_draw(self, source: LaneSource, rows_now: int, lowest_moving: int | None) -> bool:
+        """Start the phases that are due and settle token counts; False while the next
+        draw's phase (or token estimate) is not known."""
+        st = source.state
+        while st.phase + 1 < len(self.start_rows) or self.tokens:
+            m = st.draws - 1 - self.lag
+            if m < 0:
+                return True
+            if lowest_moving is not None and lowest_moving <= m:
+                return False
+            rows = self._rows_at(m, rows_now, st.phase)
+            if st.phase + 1 >= len(self.start_rows) or rows < self.start_rows[st.phase + 1]:
+                return True
+            source.begin_phase()
+            self.start_draws.append(st.draws)
+            self.settled_tokens = [0] * len(self.settled_tokens)
+            self.settled_samples = [0] * len(self.settled_samples)
+        return True
+
+    def token_estimate(self, phase_counts: list[int]) -> list[float]:
+        """Tokens of the current phase's draws per dataset: settled, plus a mean per draw
+        not settled yet."""
+        known_t, known_n = sum(self.settled_tokens), sum(self.settled_samples)
+        fallback = known_t / known_n if known_n else 1.0
+        out = []
+        for t, n, drawn in zip(self.settled_tokens, self.settled_samples, phase_counts,
+                               strict=True):
+            mean = t / n if n else fallback
+            out.append(t + (drawn - n) * mean)
+        return out
+
+    def state(self) -> dict:
+        return {"entries": [list(e) for e in self.entries],
+                "tau": [[*o, t] for o, t in self.tau.items()],
+                "start_draws": list(self.start_draws),
+                "acc_phase": dict(sorted(self.acc_phase.items())),
+                "settled_tokens": list(self.settled_tokens),
+                "settled_samples": list(self.settled_samples)}
+
+    def restore(self, d: dict) -> None:
+        self.entries = deque(tuple(int(x) for x in e) for e in d["entries"])  # type: ignore[misc]
+        self.settled_tokens = [int(x) for x in d["settled_tokens"]]
+        self.settled_samples = [int(x) for x in d["settled_samples"]]
+        self.tau = {Origin(*(int(x) for x in e[:5])): int(e[5]) for e in d["tau"]}
+        self.start_draws = [int(n) for n in d["start_draws"]]
+        self.acc_phase = {str(k): int(v) for k, v in d["acc_phase"].items()}
