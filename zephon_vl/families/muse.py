@@ -31,19 +31,13 @@ the encoder's tokens, in row-major order, into the ``image_id`` positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from zephon_vl.families.base import TitanOptions, VisionFamily
-from zephon_vl.families.qwen import SPECIAL_KEYS, QwenTokens
-
-if TYPE_CHECKING:
-    from zephon_vl.media.image import VisionPatches
+from zephon_vl.families.base import TitanOptions
+from zephon_vl.families.qwen import QwenTokenFamily
 
 
-class MuseGlimmer(VisionFamily):
+class MuseGlimmer(QwenTokenFamily):
     """Muse Glimmer's data conventions; TorchTitan's ``muse_glimmer`` forward arguments."""
 
     name = "muse_glimmer"
@@ -54,31 +48,6 @@ class MuseGlimmer(VisionFamily):
     preset = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
               "patch_order": "raster", "resize": "pixels", "min_pixels": 784,
               "image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)}
-
-    def special_tokens(self, tokenizer: Any) -> QwenTokens:
-        return QwenTokens.from_tokenizer(tokenizer)
-
-    def placeholder(self, special: QwenTokens, patches: VisionPatches, merge_size: int,
-                    video: bool) -> np.ndarray:
-        """An image: one run. A video: one run of ``<|video_pad|>`` per temporal patch."""
-        t, h, w = (int(x) for x in patches.grid_thw)
-        pad = special.video_pad if video else special.image_pad
-        run = np.concatenate([[special.vision_start],
-                              np.full(h * w // (merge_size * merge_size), pad),
-                              [special.vision_end]])
-        return np.tile(run, t if video else 1).astype(np.int64)
-
-    def chat_turn(self, special: QwenTokens, role: str,
-                  encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
-        return [special.im_start] + encode(f"{role}\n"), [special.im_end] + encode("\n")
-
-    def batch_token_ids(self, special: QwenTokens) -> dict[str, int]:
-        values = (special.image_pad, special.video_pad, special.vision_start,
-                  special.vision_end)
-        return dict(zip(SPECIAL_KEYS, values, strict=True))
-
-    def vision_token_ids(self, special: QwenTokens) -> tuple[int, ...]:
-        return (special.image_pad, special.video_pad)
 
     def titan_inputs(self, batch: dict[str, Any], collate: Any,
                      options: TitanOptions) -> dict[str, Any]:
@@ -130,7 +99,7 @@ def to_muse_glimmer(batch: dict[str, Any], pad_id: int, merge: int = 2) -> dict[
     rows are t-major) and its placeholders ``image_id``."""
     import torch
 
-    from zephon_vl.families.qwen import pad_items, special_tokens_dict
+    from zephon_vl.families.qwen import frame_items, pad_items, special_tokens_dict
 
     if "pixel_frames" in batch:
         raise ValueError("this batch holds uint8 frames (ImageSettings(normalize='device')); "
@@ -140,8 +109,7 @@ def to_muse_glimmer(batch: dict[str, Any], pad_id: int, merge: int = 2) -> dict[
     out: dict[str, Any] = {"input": tokens, "positions": batch["positions"]}
     grid = batch["grid_thw"]
     if grid.shape[0]:
-        frames = torch.repeat_interleave(grid, grid[:, 0], dim=0)
-        frames[:, 0] = 1
+        frames = frame_items(grid)
         out["input"] = torch.where(tokens == special["video_id"], special["image_id"], tokens)
         out["pixel_values"] = pad_items(batch["pixel_values"], frames, merge)
         out["grid_thw"] = frames

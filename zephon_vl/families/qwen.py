@@ -105,21 +105,13 @@ class QwenTokens:
         return cls(*ids, eos, pad)
 
 
-class QwenVL(VisionFamily):
-    """Qwen2-VL's data conventions; TorchTitan's ``qwen3_5`` forward arguments."""
-
-    name = "qwen3_5"
-    image_every_row = True
-    #: Qwen3.5's vision encoder; ``min_pixels`` is TorchTitan's qwen3_5 dataloader's.
-    preset = {**QWEN3_5_PATCHES, "patch_order": "block", "resize": "pixels",
-              "image_mean": QWEN3_5_MEAN_STD, "image_std": QWEN3_5_MEAN_STD,
-              "min_pixels": QWEN3_5_MIN_PIXELS}
+class QwenTokenFamily(VisionFamily):
+    """Qwen's vocabulary conventions, shared by the families whose models read them:
+    the special tokens, one placeholder run per image and per temporal patch of a
+    video, ChatML turns, the ids every batch carries."""
 
     def special_tokens(self, tokenizer: Any) -> QwenTokens:
         return QwenTokens.from_tokenizer(tokenizer)
-
-    #: Part of the tokenizer's checkpoint settings: a video's placeholder layout.
-    layout = "qwen3_5-video-frames"
 
     def placeholder(self, special: QwenTokens, patches: VisionPatches, merge_size: int,
                     video: bool) -> np.ndarray:
@@ -145,6 +137,19 @@ class QwenVL(VisionFamily):
 
     def vision_token_ids(self, special: QwenTokens) -> tuple[int, ...]:
         return (special.image_pad, special.video_pad)
+
+
+class QwenVL(QwenTokenFamily):
+    """Qwen2-VL's data conventions; TorchTitan's ``qwen3_5`` forward arguments."""
+
+    name = "qwen3_5"
+    image_every_row = True
+    #: Qwen3.5's vision encoder; ``min_pixels`` is TorchTitan's qwen3_5 dataloader's.
+    preset = {**QWEN3_5_PATCHES, "patch_order": "block", "resize": "pixels",
+              "image_mean": QWEN3_5_MEAN_STD, "image_std": QWEN3_5_MEAN_STD,
+              "min_pixels": QWEN3_5_MIN_PIXELS}
+    #: Part of the tokenizer's checkpoint settings: a video's placeholder layout.
+    layout = "qwen3_5-video-frames"
 
     def check_model_inputs(self, inputs: dict[str, Any], vocab_size: int | None = None) -> None:
         super().check_model_inputs(inputs, vocab_size)
