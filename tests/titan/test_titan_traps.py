@@ -157,3 +157,11 @@ def test_a_different_trainer_tokenizer_is_refused(recipe, change, match):
         if recipe == "vlm":
             build(vlm(), seq_len=256, tokenizer=fake)
         build(text(global_batch_size=8), tokenizer=fake)
+
+
+def test_workers_for_an_operator_the_recipe_lacks_are_refused():
+    cfg = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=2,
+                                  global_batch_size=2, workers="decod=2")
+    with pytest.raises(ConfigError, match=r"\['decod'\], which this recipe does not run.*"
+                       r"--dataloader.workers"):
+        build(cfg)

@@ -7,6 +7,7 @@ where and when work happens; it is never part of a checkpoint fingerprint.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from zephon_core.engine.execution import Execution
@@ -15,6 +16,8 @@ from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
 from zephon_core.ops.text import TokenizerTransform, forget_tokenizers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +33,17 @@ class Stage:
     @property
     def name(self) -> str:
         return "+".join(o.name for o in self.ops)
+
+
+def unknown_operators(ops: list[Operator], execution: Execution) -> str:
+    """A message naming the operators `execution` sets workers or runners for that `ops`
+    lacks (e.g. a typo: ``--workers decod=2``), or "" when there are none."""
+    transforms = [o.name for o in ops if isinstance(o, Transform)]
+    unknown = sorted((set(execution.workers) | set(execution.runners)) - set(transforms))
+    if not unknown:
+        return ""
+    return (f"workers or runners set for {unknown}, which this recipe does not run; its "
+            f"operators with workers: {', '.join(transforms)}")
 
 
 class Plan:
@@ -48,11 +62,9 @@ class Plan:
         if extra:
             raise ConfigError(f"only the last operator may combine elements into rows; move or "
                               f"remove {extra}")
-        transforms = [o.name for o in ops if isinstance(o, Transform)]
-        unknown = sorted((set(execution.workers) | set(execution.runners)) - set(transforms))
-        if unknown:
-            raise ConfigError(f"workers or runners set for {unknown}, which this recipe does not "
-                              f"run; its operators with workers: {', '.join(transforms)}")
+        unknown = unknown_operators(ops, execution)
+        if unknown:  # an Execution may serve several recipes; user input is checked strictly
+            log.warning("%s", unknown)
         self.ops = ops
         self.execution = execution
         self.digests = digests

@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 from zephon_core import (
     Coalesce,
+    ConfigError,
     Execution,
+    Recipe,
     RetryPolicy,
     ZephonError,
     parse_resources,
@@ -83,6 +85,15 @@ def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> boo
     return ok
 
 
+def check_operator_names(recipe: Recipe, execution: Execution) -> None:
+    """Typed settings for an operator the recipe lacks are a mistake: refuse them."""
+    from zephon_core.engine.plan import unknown_operators
+
+    problem = unknown_operators(recipe.ops, execution)
+    if problem:
+        raise ConfigError(f"{problem} (check --workers / --op-runner)")
+
+
 def execution_from(args: argparse.Namespace) -> Execution:
     return Execution(runner=args.runner, workers=parse_workers(args.workers),
                      runners=parse_runners(args.op_runner), default_workers=args.default_workers,
@@ -126,6 +137,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
     make = recipe_factory(args)
     ex = execution_from(args)
+    check_operator_names(make(), ex)
     if args.explain:
         with Loader(make(), 0, args.dp, ex) as probe:
             print(probe.explain(), file=sys.stderr)

@@ -54,6 +54,7 @@ from zephon_core import (
     parse_runners,
     parse_workers,
 )
+from zephon_core.engine.plan import unknown_operators
 from zephon_core.engine.state_check import parse_state
 from zephon_vl.families.base import TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
@@ -303,6 +304,10 @@ class ZephonDataLoader(BaseDataLoader):
                                    coalesce=Coalesce(max_bytes=config.coalesce_bytes),
                                    backlog_bytes=(config.backlog_mb << 20) or None,
                                    pin_memory=config.pin_memory)
+        problem = unknown_operators(self.recipe.ops, self.execution)
+        if problem:
+            raise ConfigError(f"zephon dataloader: {problem} (--dataloader.workers, "
+                              "--dataloader.runners)")
         self.loader = Loader(self.recipe, dp_rank, dp_world_size, self.execution,
                              microbatches=self.microbatches, background=config.background,
                              ledger=config.ledger or None)
