@@ -98,7 +98,7 @@ def test_a_full_pass_passes_the_model_checks(family_config, recipe, dp):
     G = family_config.dataloader.global_batch_size
     report = check_titan_batches(family_config, dp, None, G // dp, recipe=recipe)
     # a finite pass ends per rank, at the first step its own lanes cannot fill
-    assert report.steps > 50 and report.rows == sum(report.steps_per_rank) * (G // dp)
+    assert report.steps >= 30 and report.rows == sum(report.steps_per_rank) * (G // dp)
     assert report.micro_batches_without_vision == 0  # guarantee 10 (image_every_row)
     assert report.vision_items > report.rows
 
