@@ -8,6 +8,7 @@ import pty
 import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,15 @@ def run_on_a_terminal(cmd: list[str]) -> tuple[int, str, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave, env=env())
     os.close(slave)
     err = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
+    deadline = time.monotonic() + 300
+    # read until the child has exited and the terminal is drained: a slow start (a busy
+    # machine) is not the end of the output
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
         if not ready:
-            break
+            if proc.poll() is not None:
+                break
+            continue
         try:
             chunk = os.read(master, 4096)
         except OSError:  # the child closed the terminal
