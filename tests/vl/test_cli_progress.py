@@ -45,8 +45,10 @@ def run_on_a_terminal(cmd: list[str]) -> tuple[int, str, str]:
     deadline = time.monotonic() + 300
     # read until the child has exited and the terminal is drained: a slow start (a busy
     # machine) is not the end of the output
+    poller = select.poll()  # not select.select: the suite's process may hold fds >= 1024
+    poller.register(master, select.POLLIN)
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 1.0)
+        ready = poller.poll(1000)
         if not ready:
             if proc.poll() is not None:
                 break
