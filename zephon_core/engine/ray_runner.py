@@ -27,12 +27,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import queue
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections import OrderedDict, deque
 from concurrent.futures import Future
@@ -40,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.engine.runners import MAX_ATTEMPTS, Runner
+from zephon_core.engine.runners import MAX_ATTEMPTS, Runner, sendable_error
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element, Origin, Pointer
@@ -109,12 +107,7 @@ def run_group(key: str, box: list, name: str, elements: list[Element]) -> tuple:
     try:
         return ("ok", node, _stage(key, box, name)(elements))
     except BaseException as exc:  # noqa: BLE001 - sent back to the driver
-        try:
-            pickle.dumps(exc)
-            err: BaseException = exc
-        except Exception:  # noqa: BLE001
-            err = RuntimeError("".join(traceback.format_exception(exc)))
-        return ("err", node, err)
+        return ("err", node, sendable_error(exc))
 
 
 # ---- the driver side ----------------------------------------------------------------------

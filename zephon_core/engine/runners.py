@@ -101,6 +101,16 @@ class ThreadRunner(Runner):
 PARENT_POLL_S = 0.5
 
 
+def sendable_error(exc: BaseException) -> BaseException:
+    """`exc` itself when it pickles (to cross to the driver), else a RuntimeError with
+    its traceback as text."""
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError("".join(traceback.format_exception(exc)))
+
+
 def _driver_alive(conn: Connection, parent: int) -> bool:
     """Wait for a message; False once the driver is gone.
 
@@ -134,12 +144,7 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int
             out = fn(shm.unpack(packed))
             reply = ("ok", task_id, pool.pack(out))
         except BaseException as exc:  # noqa: BLE001 - sent back to the parent
-            try:
-                pickle.dumps(exc)
-                err: Any = exc
-            except Exception:  # noqa: BLE001
-                err = RuntimeError("".join(traceback.format_exception(exc)))
-            reply = ("err", task_id, err)
+            reply = ("err", task_id, sendable_error(exc))
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
