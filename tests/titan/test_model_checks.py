@@ -20,7 +20,9 @@ from zephon_vl.cli.main import main  # noqa: E402
 from zephon_vl.titan.check import (  # noqa: E402
     BatchRefused,
     check_titan_batches,
+    check_titan_passes,
     load_titan_config,
+    rank_micro_batches,
 )
 
 QWEN = "zephon_qwen35_debug"
@@ -89,18 +91,51 @@ def family_config(request):
     return load_titan_config(CONFIGS[request.param])
 
 
+DPS = (1, 2, 8)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["vlm-demo", "vlm-mix-demo"])
-@pytest.mark.parametrize("dp", [1, 2, 8])
-def test_a_full_pass_passes_the_model_checks(family_config, recipe, dp):
-    """Every family: one whole pass (epochs=1) at D ranks, one micro-batch of G/D rows per
-    rank and step, so each D cuts the global batch into other micro-batches."""
+def test_a_full_pass_passes_the_model_checks_at_every_rank_count(family_config, recipe):
+    """Every family: one whole pass (epochs=1) cut as D = 1, 2 and 8 ranks would cut it,
+    one micro-batch of G/D rows per rank and step, so each D collates other rows together."""
     G = family_config.dataloader.global_batch_size
-    report = check_titan_batches(family_config, dp, None, G // dp, recipe=recipe)
-    # a finite pass ends per rank, at the first step its own lanes cannot fill
-    assert report.steps >= 30 and report.rows == sum(report.steps_per_rank) * (G // dp)
-    assert report.micro_batches_without_vision == 0  # guarantee 10 (image_every_row)
-    assert report.vision_items > report.rows
+    reports = check_titan_passes(family_config, list(DPS), None, {dp: G // dp for dp in DPS},
+                                 recipe=recipe)
+    assert [r.dp for r in reports] == list(DPS)
+    for report in reports:
+        assert report.steps >= 30 and report.steps_per_rank == [report.steps] * report.dp
+        assert report.micro_batches == report.steps * report.dp
+        assert report.rows == report.steps * G
+        assert report.micro_batches_without_vision == 0  # guarantee 10 (image_every_row)
+        assert report.vision_items > report.rows
+    # the same images at every D; qwen3_5 hands a video's frames as items, at every D
+    assert len({r.vision_items for r in reports}) == 1
+
+
+def test_the_shared_pass_cuts_micro_batches_as_the_trainers_ranks_do(qwen_config):
+    """The micro-batches checked for D=2 are those ZephonDataLoader gives ranks 0 and 1."""
+    cfg = dataclasses.replace(qwen_config.dataloader, runner="inline")
+    S, steps, per_micro = qwen_config.training.seq_len, 3, 2
+    whole = dataclasses.replace(cfg, background=False).build(
+        dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=S, local_batch_size=8)
+    try:
+        cut: dict[tuple[int, int, int], torch.Tensor] = {}
+        for t in range(steps):
+            for rank, micro, rows in rank_micro_batches(whole.loader.next_rows(), 2, per_micro):
+                cut[t, rank, micro] = whole.convert(whole.recipe.collate(rows))[0]["input"]
+    finally:
+        whole.close()
+    assert len(cut) == steps * 2 * (4 // per_micro)
+    for rank in range(2):
+        loader = cfg.build(dp_world_size=2, dp_rank=rank, tokenizer=None, seq_len=S,
+                           local_batch_size=per_micro)
+        try:
+            for k, (x, _) in zip(range(steps * loader.microbatches), loader, strict=False):
+                t, micro = divmod(k, loader.microbatches)
+                assert torch.equal(x["input"], cut[t, rank, micro]), (t, rank, micro)
+        finally:
+            loader.close()
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """`zephon-vl check-batches --config NAME`: would the model accept every micro-batch?
 
-Builds the TorchTitan config's ``ZephonDataLoader`` on each rank count of
-``--dp`` as the Trainer would and runs the model family's forward-side input
-checks on every micro-batch (:mod:`zephon_vl.titan.check`). ``--steps 0``
+Builds the TorchTitan config's ``ZephonDataLoader`` as the Trainer would and
+runs the model family's forward-side input checks on every micro-batch of
+every rank of each rank count of ``--dp``, all cut from one pass of the
+pipeline (:mod:`zephon_vl.titan.check`). ``--steps 0``
 (the default) walks one full pass of the recipe. Exit 0 when every
 micro-batch passes, 1 naming the first one the model would refuse.
 """
@@ -35,27 +36,24 @@ def _args(p: argparse.ArgumentParser) -> None:
 @command("check-batches", "run a TorchTitan model's own input checks over zephon's batches",
          _args)
 def cmd_check_batches(args: argparse.Namespace) -> int:
-    from zephon_vl.titan.check import BatchRefused, check_titan_batches, load_titan_config
+    from zephon_vl.cli.progress import Progress
+    from zephon_vl.titan.check import BatchRefused, check_titan_passes, load_titan_config
 
     config = load_titan_config(args.config, args.module)
     overrides = {k: v for k, v in (("recipe", args.recipe), ("runner", args.runner),
                                    ("video_mode", args.video_mode)) if v}
-    from zephon_vl.cli.progress import Progress
-
-    reports = []
     dps = [int(d) for d in args.dp.split(",")]
-    for k, dp in enumerate(dps):
-        try:
-            with Progress("zephon-vl check-batches", len(dps), "rank counts") as progress:
-                progress.update(k, f"D={dp}")
-                report = check_titan_batches(config, dp, args.steps or None,
-                                             args.local_batch_size, **overrides)
-                progress.update(k + 1, f"D={dp}")
-        except BatchRefused as exc:
-            print(f"D={dp}: REFUSED {exc}")
-            return 1
-        reports.append(report)
-        print(f"D={dp}: {report.recipe} as {report.model_format}: {report.steps} steps, "
+    sizes = dict.fromkeys(dps, args.local_batch_size)
+    try:
+        with Progress("zephon-vl check-batches", args.steps or None, "steps") as progress:
+            reports = check_titan_passes(config, dps, args.steps or None, sizes,
+                                         lambda k: progress.update(k, f"D={args.dp}"),
+                                         **overrides)
+    except BatchRefused as exc:
+        print(f"REFUSED {exc}")
+        return 1
+    for report in reports:
+        print(f"D={report.dp}: {report.recipe} as {report.model_format}: {report.steps} steps, "
               f"{report.micro_batches} micro-batches, {report.rows} rows, "
               f"{report.vision_items} vision items, "
               f"{report.micro_batches_without_vision} micro-batches without vision: accepted")

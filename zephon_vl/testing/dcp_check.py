@@ -19,14 +19,17 @@ the run continues from the saved step. Rank 0 writes ``digests.json``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from zephon_core import Execution, gathered_batch_digest
+from zephon_vl.titan.check import load_titan_config
 from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader, step_rows
 
 
@@ -43,14 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", default=None)
     p.add_argument("--runner", default=Execution.runner)
     p.add_argument("--ledger", default="", help="the dataloader's ledger file (Config.ledger)")
+    p.add_argument("--config", default="",
+                   help="take the dataloader, seq_len and local batch size from this TorchTitan "
+                        "config of zephon_vl.titan (e.g. zephon_qwen35_debug) instead")
+    p.add_argument("--compute-seconds", type=float, default=0.0,
+                   help="sleep this long after each micro-batch, as a trainer's forward and "
+                        "backward would: the loader's background driver runs ahead meanwhile")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = ZephonDataLoader.Config(recipe=args.recipe, num_lanes=args.lanes,
-                                  global_batch_size=args.global_batch, runner=args.runner,
-                                  ledger=args.ledger)
-    dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=args.seq_len,
-                   local_batch_size=args.local_batch, snapshot_every_n_steps=None)
+    if args.config:
+        trainer = load_titan_config(args.config)
+        cfg = dataclasses.replace(trainer.dataloader, ledger=args.ledger)
+        seq_len, local_batch = trainer.training.seq_len, trainer.training.local_batch_size
+    else:
+        cfg = ZephonDataLoader.Config(recipe=args.recipe, num_lanes=args.lanes,
+                                      global_batch_size=args.global_batch, runner=args.runner,
+                                      ledger=args.ledger)
+        seq_len, local_batch = args.seq_len, args.local_batch
+    dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=seq_len,
+                   local_batch_size=local_batch,
+                   snapshot_every_n_steps=None)
     out = Path(args.out)
     start = 0
     if args.resume:
@@ -60,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     digests: dict[int, str] = {}
     shas: list[str] = []
     for t in range(start, args.steps):
-        micro = [next(it) for _ in range(dl.microbatches)]
+        micro = []
+        for _ in range(dl.microbatches):
+            micro.append(next(it))
+            time.sleep(args.compute_seconds)
         digest = gathered_batch_digest(step_rows(micro))
         if digest is not None:
             digests[t] = digest
