@@ -1,5 +1,5 @@
 # The two commands of the README. Each one installs what it needs first.
-.PHONY: setup demo test lint
+.PHONY: setup demo test test-heavy lint
 
 setup:
 	bash scripts/setup.sh
@@ -8,7 +8,11 @@ demo: setup
 	zephon-vl demo
 
 test: setup
-	python3 -m pytest -q -p no:cacheprovider
+	python3 -m pytest -q -p no:cacheprovider -m "not heavy"
+
+# the tests `make test` leaves out (README.md says which and why)
+test-heavy: setup
+	python3 -m pytest -q -p no:cacheprovider -m heavy
 
 lint:
 	ruff check zephon_core zephon_vl benchmarks tests scripts

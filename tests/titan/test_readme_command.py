@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,11 +78,35 @@ def run(words: list[str], out: Path, timeout: float) -> tuple[dict[int, float], 
            "--dump_folder", str(out), "--dataloader.ledger", str(out / "ledger.jsonl"),
            "--metrics.disable_color_printing"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, env=env,
-                          timeout=timeout)
-    log = ANSI.sub("", done.stdout + done.stderr)
-    assert done.returncode == 0, f"{shlex.join(words)} failed:\n{log[-5000:]}"
+    # a session of its own: on a timeout the ranks torchrun started are killed with it
+    with subprocess.Popen(cmd, cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env, start_new_session=True) as proc:
+        try:
+            printed, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            printed, _ = proc.communicate()
+            pytest.fail(f"{shlex.join(words)} ran over {timeout:.0f} s:\n"
+                        f"{ANSI.sub('', printed)[-5000:]}")
+    log = ANSI.sub("", printed)
+    assert proc.returncode == 0, f"{shlex.join(words)} failed:\n{log[-5000:]}"
     return {int(s): float(v) for s, v in STEP_LINE.findall(log)}, log
+
+
+def divergence_report(same, a, b) -> str:
+    """The comparison and, for the first divergent lane, both ledgers' rows and drops of
+    that step and the next: enough to tell a lost sample from a moved one."""
+    d = same.divergence
+    if d is None:
+        return f"steps compared {same.common}"
+    out = [str(same)]
+    for name, ledger in (("D=2", a), ("D=1 resume", b)):
+        for t in (d.step, d.step + 1):
+            entry = ledger.steps.get(t, {})
+            rows = [r for r in entry.get("rows", []) if r.get("lane") == d.lane]
+            drops = [x for x in entry.get("drops", []) if x.get("lane") == d.lane]
+            out.append(f"{name} step {t} lane {d.lane}: rows {rows} drops {drops}")
+    return "\n".join(out)
 
 
 def with_flag(words: list[str], name: str, value: str) -> list[str]:
@@ -94,9 +119,16 @@ def with_flag(words: list[str], name: str, value: str) -> list[str]:
     return [*words, name, value]
 
 
+def cpu_commands() -> list:
+    """The README's CPU commands; the first (the main job's) runs in CI, the other
+    families' are `heavy` (minutes each: `make test-heavy`)."""
+    cpu = [c for c in torchrun_commands() if CPU_LAUNCHER in c]
+    return [pytest.param(c, id=flags(c)["--config"], marks=[pytest.mark.heavy] if k else [])
+            for k, c in enumerate(cpu)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("words", [c for c in torchrun_commands() if CPU_LAUNCHER in c],
-                         ids=lambda c: flags(c)["--config"])
+@pytest.mark.parametrize("words", cpu_commands())
 def test_readme_cpu_command_trains_checkpoints_and_resumes_at_d1(words, tmp_path) -> None:
     f = flags(words)
     steps, every = int(f["--training.steps"]), int(f["--checkpoint.interval"])
@@ -111,8 +143,8 @@ def test_readme_cpu_command_trains_checkpoints_and_resumes_at_d1(words, tmp_path
                        str(every))
     resumed, _ = run(resume, tmp_path / "d1", timeout=1500)
     assert sorted(resumed) == list(range(every + 1, steps + 1))
-    same = compare_ledgers(read_ledger(tmp_path / "d2" / "ledger.jsonl"),
-                           read_ledger(tmp_path / "d1" / "ledger.jsonl"))
-    assert same.ok and same.common == list(range(every, steps)), same
+    a, b = (read_ledger(tmp_path / d / "ledger.jsonl") for d in ("d2", "d1"))
+    same = compare_ledgers(a, b)
+    assert same.ok and same.common == list(range(every, steps)), divergence_report(same, a, b)
     for step in resumed:
         assert resumed[step] == pytest.approx(losses[step], rel=LOSS_RTOL), step

@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 3 minutes: the Trainer tests cover CPU; this keeps the GPU script alive
 def test_gpu_smoke_script_runs_on_cpu(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
