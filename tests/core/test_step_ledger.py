@@ -131,12 +131,12 @@ def test_not_a_ledger_and_a_damaged_middle_line(tmp_path: Path) -> None:
         read_ledger(tmp_path / "missing.jsonl")
 
 
-def _tamper(path: Path, out: Path, step: int, change) -> None:
+def _tamper(path: Path, out: Path, step: int, change, fake: str = "f") -> None:
     ledger = read_ledger(path)
     entry = copy.deepcopy(ledger.steps[step])
     lane = change(entry)
-    entry["digest"] = "f" * 64
-    entry["lanes"][str(lane)] = "e" * 64
+    entry["digest"] = fake * 64
+    entry["lanes"][str(lane)] = fake * 63 + "e"
     writer = LedgerWriter(out, ledger.fingerprint)
     for t in sorted(ledger.steps):
         writer.write(entry if t == step else ledger.steps[t])
@@ -183,3 +183,36 @@ def test_ledgers_hashed_differently_are_refused(tmp_path: Path) -> None:
                                                    '"sample_digest": "sha256"'))
     with pytest.raises(LedgerError, match="hash samples differently: sample_digest is 'xxh3_64'"):
         compare_ledgers(read_ledger(tmp_path / "a.jsonl"), read_ledger(tmp_path / "b.jsonl"))
+
+
+def test_fields_a_ledger_of_an_older_version_lacks_are_no_divergence(tmp_path: Path) -> None:
+    """Drops gained their sample's key: a ledger written before that, compared with one
+    written after, is the same data (the README-command test once ran its D=2 half on the
+    old code and its resume on the new, and reported a drop "on one side only")."""
+    a = tmp_path / "a.jsonl"
+    ledger_of(a, 2, steps=3)
+
+    def drop(key):
+        def change(e):
+            d = {"lane": 3, "seq": 1, "dataset": 0, "shard": 0, "index": 7, "epoch": 0,
+                 "reason": "too_short"}
+            if key is not None:
+                d["key"] = key
+            e["drops"].append(d)
+            return 3
+        change.__name__ = f"key_{key}"
+        return change
+
+    with_key, without_key, other_key = (tmp_path / f"{n}.jsonl" for n in ("k", "none", "o"))
+    _tamper(a, with_key, 2, drop("000007"))
+    _tamper(a, without_key, 2, drop(None))
+    _tamper(a, other_key, 2, drop("000008"), fake="c")
+    same = compare_ledgers(read_ledger(with_key), read_ledger(without_key))
+    assert same.ok and same.common == [0, 1, 2], same
+    differ = compare_ledgers(read_ledger(with_key), read_ledger(other_key))
+    assert not differ.ok and "a drop on one side only" in differ.divergence.describe()
+    # the same content under other digests is still an edited ledger
+    edited = tmp_path / "edited.jsonl"
+    _tamper(a, edited, 2, lambda e: 3)
+    result = compare_ledgers(read_ledger(a), read_ledger(edited))
+    assert not result.ok and "an edited ledger?" in result.divergence.describe()

@@ -372,7 +372,9 @@ def compare_ledgers(a: Ledger, b: Ledger) -> Comparison:
     common = sorted(set(a.steps) & set(b.steps))
     for t in common:
         if a.steps[t]["digest"] != b.steps[t]["digest"]:
-            return Comparison(common, _divergence(t, a.steps[t], b.steps[t]))
+            found = _divergence(t, a.steps[t], b.steps[t])
+            if found is not None:
+                return Comparison(common, found)
     return Comparison(common, None)
 
 
@@ -381,7 +383,9 @@ def compare_entries(a: Iterable[dict], b: Mapping[int, dict]) -> Divergence | No
     for entry in a:
         theirs = b.get(entry["step"])
         if theirs is not None and theirs["digest"] != entry["digest"]:
-            return _divergence(entry["step"], entry, theirs)
+            found = _divergence(entry["step"], entry, theirs)
+            if found is not None:
+                return found
     return None
 
 
@@ -395,14 +399,39 @@ def _drop_name(d: dict) -> str:
     return f"{_name(d)} dropped as {d.get('reason')!r}"
 
 
-def _divergence(t: int, a: dict, b: dict) -> Divergence:
+#: entry fields that later versions added (a drop's sample key, its detail): a ledger
+#: written before them lacks them, which is no divergence
+ADDED_FIELDS = frozenset({"key", "detail"})
+
+
+def _same(x: dict, y: dict) -> bool:
+    """Equal, up to `ADDED_FIELDS` that only one side has."""
+    return all(x[k] == y[k] if k in x and k in y else k in ADDED_FIELDS
+               for k in set(x) | set(y))
+
+
+def _divergence(t: int, a: dict, b: dict) -> Divergence | None:
+    """Why step `t`'s digests differ; None when only `ADDED_FIELDS` one side lacks do."""
     lanes = sorted(set(a.get("lanes", {})) | set(b.get("lanes", {})), key=int)
-    lane = next((int(k) for k in lanes if a["lanes"].get(k) != b["lanes"].get(k)), None)
-    if lane is None:
+    differ = [int(k) for k in lanes if a["lanes"].get(k) != b["lanes"].get(k)]
+    if not differ:
         return Divergence(t, None, None, None, "the step digests differ but every lane digest "
                           "agrees (an edited ledger?)")
+    for lane in differ:
+        found = _lane_divergence(t, lane, a, b)
+        if found is not None:
+            return found
+    return None
+
+
+def _lane_divergence(t: int, lane: int, a: dict, b: dict) -> Divergence | None:
     rows_a = [r["samples"] for r in a["rows"] if r["lane"] == lane]
     rows_b = [r["samples"] for r in b["rows"] if r["lane"] == lane]
+    drops_a = [d for d in a.get("drops", []) if d["lane"] == lane]
+    drops_b = [d for d in b.get("drops", []) if d["lane"] == lane]
+    if rows_a == rows_b and drops_a == drops_b:
+        return Divergence(t, lane, None, None, "the lane digests differ but its rows and drops "
+                          "agree (an edited ledger?)")
     first_row = next(i for i, r in enumerate(a["rows"]) if r["lane"] == lane) \
         if rows_a else None
     for i, (ra, rb) in enumerate(zip(rows_a, rows_b, strict=False)):
@@ -414,9 +443,9 @@ def _divergence(t: int, a: dict, b: dict) -> Divergence:
                 return Divergence(t, lane, row, j, f"only {side} has a sample here: "
                                   f"{_name(extra)}")
             sa, sb = ra[j], rb[j]
-            ida = {k: sa.get(k) for k in (*_ORIGIN, "key")}
-            idb = {k: sb.get(k) for k in (*_ORIGIN, "key")}
-            if ida != idb:
+            identity = (*_ORIGIN, "key")
+            if not _same({k: sa[k] for k in identity if k in sa},
+                         {k: sb[k] for k in identity if k in sb}):
                 return Divergence(t, lane, row, j, f"different sample: A has {_name(sa)}, "
                                   f"B has {_name(sb)}")
             if sa.get("span") != sb.get("span"):
@@ -427,16 +456,17 @@ def _divergence(t: int, a: dict, b: dict) -> Divergence:
                 fields = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
                 return Divergence(t, lane, row, j, f"same sample {_name(sa)}, different "
                                   f"content: field(s) {', '.join(fields)} differ")
+            if not _same(sa, sb):
+                fields = sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k))
+                return Divergence(t, lane, row, j, f"same sample {_name(sa)}, different "
+                                  f"entry: {', '.join(fields)}")
     if len(rows_a) != len(rows_b):
         return Divergence(t, lane, None, None, f"A has {len(rows_a)} rows in this lane, "
                           f"B has {len(rows_b)}")
-    drops_a = [d for d in a.get("drops", []) if d["lane"] == lane]
-    drops_b = [d for d in b.get("drops", []) if d["lane"] == lane]
-    only_a = [d for d in drops_a if d not in drops_b]
-    only_b = [d for d in drops_b if d not in drops_a]
-    if only_a or only_b:
-        side, d = ("A", only_a[0]) if only_a else ("B", only_b[0])
+    only_a = [d for d in drops_a if not any(_same(d, e) for e in drops_b)]
+    only_b = [d for d in drops_b if not any(_same(d, e) for e in drops_a)]
+    if only_a or only_b or len(drops_a) != len(drops_b):
+        side, d = ("A", only_a[0]) if only_a else ("B", (only_b or drops_b or drops_a)[0])
         return Divergence(t, lane, None, None, f"a drop on one side only: in {side}, "
                           f"{_drop_name(d)}")
-    return Divergence(t, lane, None, None, "the lane digests differ but its rows and drops "
-                      "agree (an edited ledger?)")
+    return None
