@@ -13,11 +13,12 @@ not, one to three exchanges, zero to three images per user turn, neighbouring te
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.vl import demo_shards, run_epoch
@@ -135,6 +136,9 @@ def conversations(draw) -> list[dict]:
                 pieces.append(draw(FIRST if not pieces else TEXT))
         turns.append({"role": "user", "content": pieces})
         turns.append({"role": "assistant", "content": [draw(FIRST.filter(bool)), draw(TEXT)]})
+    for t in turns:  # neighbouring pieces are joined: the joined start is what counts
+        lead = "".join(itertools.takewhile(lambda p: p is not None, t["content"]))
+        assume("\n" not in lead[:len(lead) - len(lead.lstrip())])
     return turns
 
 
@@ -387,3 +391,48 @@ def test_a_dataset_can_turn_the_row_filler_off(shards, tmp_path) -> None:
     assert seen["bare"] and seen["filled"]
     fingerprint = next(op.settings() for op in recipe.ops if op.name == "pack")["filler"]
     assert fingerprint["datasets"] == [0, 2]
+
+
+def test_a_vlm_recipe_file_frames_chats_by_the_template_and_masks_labels(tmp_path) -> None:
+    """``kind = "vlm"`` with ``chat = "template"`` and a text chat dataset whose filler is
+    off: through the whole pipeline (read, tokenize, pack, collate) every chat of a batch
+    is the template's ids, and its labels are its assistant answers only."""
+    from zephon_core import load_recipe
+
+    records = write_chats(tmp_path / "chat.jsonl")
+    chats = [r for r in records if "text" not in r]
+    (tmp_path / "r.toml").write_text(
+        'kind = "vlm"\nseq_len = 512\nglobal_batch_size = 2\nnum_lanes = 2\n'
+        'shuffle_buffer = 0\nchat = "template"\n'
+        '[[datasets]]\nname = "chat"\nfiles = ["chat.jsonl"]\nimage_every_row = false\n')
+    recipe = load_recipe(str(tmp_path / "r.toml"))
+    assert next(op.filler for op in recipe.ops if op.name == "pack") is None
+    tok = hf("qwen3_5")
+    rendered = {}
+    for r in chats:
+        turns = r.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}[t["from"]],
+                                       "content": t["value"]} for t in r["conversations"]]
+        text = tok.apply_chat_template(turns, chat_template=QWEN2_VL_TEMPLATE, tokenize=False)
+        rendered[tuple(tok(text, add_special_tokens=False)["input_ids"])] = \
+            turns[-1]["content"] + "<|im_end|>\n"
+    loader = Loader(recipe, execution=INLINE)
+    seen = 0
+    for _, batch in zip(range(3), loader, strict=False):
+        for inp, lab, pos in zip(batch["input"], batch["labels"], batch["positions"],
+                                 strict=True):
+            starts = [i for i in range(len(pos)) if pos[i] == 0] + [len(pos)]
+            for a, b in zip(starts, starts[1:], strict=False):
+                ids = inp[a:b].tolist()
+                while ids and ids[-1] == tok.eos_token_id:  # padding after the last one
+                    ids.pop()
+                if not ids:
+                    continue
+                if tok.decode(ids).startswith("<|im_start|>"):
+                    assert tuple(ids) in rendered, tok.decode(ids)
+                    trained = tok.decode([t for t in lab[a:b].tolist() if t != -100])
+                    assert trained == rendered[tuple(ids)]
+                    seen += 1
+                else:
+                    assert tok.decode(ids).startswith("Plain document number")
+    loader.close()
+    assert seen >= 4
