@@ -660,3 +660,20 @@ def test_webdataset_json_with_obelics_lists_is_an_interleaved_document(tmp_path,
         decode.decode(by_key["d2"])
     text_only = tok.tokenize(decode.decode(by_key["d3"]))
     assert hf_tokenizer.decode(text_only["tokens"].tolist()) == "only text<|endoftext|>"
+
+
+def test_ledger_drop_details_survive_a_resume_on_another_d(data, tmp_path, capsys) -> None:
+    """The resumed ledger's steps are the uninterrupted run's, details included (a drop
+    pending in the checkpoint keeps its detail in the lane state)."""
+    table, _ = data["llava"]
+    toml = recipe_toml(tmp_path / "l.toml", [table])
+    path = tmp_path / "run.jsonl"
+    capsys.readouterr()
+    assert main(["digest", "--runner", "inline", "--recipe", str(toml), "--steps", "6",
+                 "--save-at", "2", "--resume-dp", "2", "--ledger", str(path)]) == 0
+    whole = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    resumed = [json.loads(line) for line in
+               (tmp_path / "run.resumed-d2.jsonl").read_text().splitlines()[1:]]
+    assert [s["step"] for s in resumed] == [2, 3, 4, 5]
+    assert resumed == whole[2:]
+    assert any("detail" in d for s in resumed for d in s["drops"])
