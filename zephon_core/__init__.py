@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "ShardReader": "zephon_core.data.readers",
     "Read": "zephon_core.data.read",
     # operators
+    "ChatFraming": "zephon_core.ops.chat",
     "Accumulator": "zephon_core.ops.contract",
     "AccumulatorOp": "zephon_core.ops.contract",
     "Filter": "zephon_core.ops.contract",

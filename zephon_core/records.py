@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -42,6 +43,20 @@ class Dropped:
 
     reason: str
     detail: str = ""
+
+
+#: memory addresses in exception texts (``<_io.BytesIO object at 0x7f...>``): the one part
+#: of a drop's detail that differs between processes and runs
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+#: the longest drop detail kept (a ledger line stays small; the reason says the kind)
+DETAIL_CHARS = 200
+
+
+def drop_detail(text: str) -> str:
+    """A drop's detail as the ledger records it: the same text on every rank count,
+    runner and run (addresses masked, at most `DETAIL_CHARS` characters)."""
+    text = _ADDRESS.sub("0x...", str(text))
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
 
 
 class Element(NamedTuple):

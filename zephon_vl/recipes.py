@@ -17,6 +17,7 @@ file names it with ``family = "..."`` (default ``qwen3_5``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from zephon_core import (
     BalancedPack,
     BalanceSettings,
+    ChatFraming,
     ConfigError,
     Dataset,
     Pack,
@@ -62,7 +64,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                name: str = "vlm", family: str | VisionFamily = "qwen3_5",
                image_every_row: bool | None = None,
                balance: BalanceSettings | Mapping[str, Any] | None = None,
-               phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32) -> Recipe:
+               phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32,
+               chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
     A dataset is a list of files (their suffix picks the format: ``.tar``
@@ -76,10 +79,16 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     `on_error` is the bad-input policy (drop or raise). `image` and `video` may
     be settings or their fields as a mapping (a TOML table). `image_every_row`
     (None: the family's default) appends the placeholder image to rows without
-    one (guarantee 10). ``pack_mode="balanced"`` packs compute-balanced rows
-    (`BalancedPack`: each lane's rows of a step carry the same vision tokens)
-    under `balance` (a `BalanceSettings` or its ``[balance]`` table). `phases`
-    and `phase_lag` make the mixture a schedule (`Recipe`; docs/elastic-changes.md).
+    one (guarantee 10); a dataset's own ``image_every_row`` (a key of its table)
+    overrides it for rows made of its documents only: a row gets the filler
+    when none of its documents has an image and one of them comes from a
+    dataset that wants it. `chat` frames conversations and ends documents
+    (`ChatFraming`, its ``[chat]`` table over the family's `chat_framing`, or
+    ``"template"``: the family's chat template exactly). ``pack_mode="balanced"``
+    packs compute-balanced rows (`BalancedPack`: each lane's rows of a step
+    carry the same vision tokens) under `balance` (a `BalanceSettings` or its
+    ``[balance]`` table). `phases` and `phase_lag` make the mixture a schedule
+    (`Recipe`; docs/elastic-changes.md).
     """
     family = vision_family(family)
     named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
@@ -89,23 +98,31 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
         raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    datasets = []
-    for n, spec in named.items():
+    if image_every_row is None:
+        image_every_row = family.image_every_row
+    datasets, wants_image = [], []
+    for n, given in named.items():
         try:
+            spec, wants = _image_every_row(given, image_every_row)
             datasets.append(Dataset(n, dataset_reader(spec, index_cache),
                                     float(weights.get(n, 1.0))))
         except ConfigError as exc:
             raise ConfigError(f"dataset {n!r}: {exc}") from None
+        wants_image.append(wants)
     special = family.special_tokens(load_tokenizer(tokenizer))
-    if image_every_row is None:
-        image_every_row = family.image_every_row
+    framing = family.framing(chat)
     limits = {}
     if max_vision_tokens is not None:
         limits["vision_tokens"] = max_vision_tokens
     if max_images is not None:
         limits["images"] = max_images
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
-    filler = image_filler(image, family, special) if image_every_row else None
+    filler = None
+    if any(wants_image):
+        filler = image_filler(image, family, special)
+        if not all(wants_image):
+            filler = dataclasses.replace(filler, datasets=frozenset(
+                i for i, wants in enumerate(wants_image) if wants))
     if pack_mode == "balanced":
         if balance is None:
             raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
@@ -130,13 +147,30 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
         DecodeVision(image, video, on_error=on_error),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
                            overlong="truncate" if overlong == "truncate" else "drop",
-                           on_error=on_error, family=family),
+                           on_error=on_error, family=family, chat=framing),
         packer,
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
                   collate=family.collate(seq_len, image, special),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool]:
+    """A dataset without its ``image_every_row`` option, and that option (`default` when
+    it has none): a recipe setting per dataset, not its format's."""
+    if isinstance(given, Mapping) and "image_every_row" in given:
+        given = dict(given)
+        wants = given.pop("image_every_row")
+    elif isinstance(given, DatasetSpec) and "image_every_row" in given.options:
+        options = dict(given.options)
+        wants = options.pop("image_every_row")
+        given = dataclasses.replace(given, options=options)
+    else:
+        return given, default
+    if not isinstance(wants, bool):
+        raise ConfigError(f"image_every_row must be true or false, got {wants!r}")
+    return given, wants
 
 
 def _demo_tokenizer(overrides: dict[str, Any]) -> Any:

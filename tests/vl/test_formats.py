@@ -31,6 +31,7 @@ from tests.helpers.vl import run_epoch
 from zephon_core import ConfigError, Execution, Loader, load_recipe, qwen_tokenizer_dir
 from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_core.ops.pack import FILLER_ORIGIN
+from zephon_core.records import Origin
 from zephon_vl.cli.main import main
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
@@ -457,6 +458,50 @@ def test_ledger_drops_name_the_record(data, tmp_path, capsys) -> None:
         assert file == "llava.json" and expected[key] == d["reason"]
 
 
+def test_ledger_drop_details_say_why_and_agree_across_d_and_runners(data, tmp_path,
+                                                                    capsys) -> None:
+    """Each drop carries its detail (how many placeholders for how many images, which file
+    is missing...), the same at D = 1 and 2, inline and in worker processes, and outside
+    the ledger's digests (a ledger of the code before details has the same digests)."""
+    from zephon_core.engine.ledger import lane_entries
+    from zephon_core.ops.contract import Row
+
+    table, expected = data["llava"]
+    toml = recipe_toml(tmp_path / "l.toml", [table])
+    ledgers = {}
+    for name, extra in {"d1": ["--runner", "inline"],
+                        "d2-processes": ["--dp", "2", "--runner", "processes",
+                                         "--default-workers", "2"]}.items():
+        path = tmp_path / f"{name}.jsonl"
+        capsys.readouterr()
+        assert main(["digest", "--recipe", str(toml), "--steps", "3", "--ledger", str(path),
+                     *extra]) == 0
+        ledgers[name] = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert ledgers["d1"] == ledgers["d2-processes"]
+    drops = {d["key"].partition(":")[2]: d for s in ledgers["d1"] for d in s["drops"]}
+    assert drops and all(expected[k] == d["reason"] for k, d in drops.items())
+    want = {"bad-count": "2 <image> and 0 <video> placeholders for 1 image(s)",
+            "bad-file": "missing.jpg", "bad-role": "'narrator'",
+            "bad-noanswer": "nothing to train on"}
+    for key, d in drops.items():
+        assert want[key] in d["detail"], d
+    # the digest of a lane's drops is the one it had before details were recorded
+    o = Origin(0, 0, 0, 3, 0)
+    plain, detailed = Row([], [(o, "bad_role")]), Row([], [(o, "bad_role")], ["why"])
+    a, b = lane_entries([0], 1, [plain]), lane_entries([0], 1, [detailed])
+    assert a[0]["digest"] == b[0]["digest"] and b[0]["drops"][0]["detail"] == "why"
+
+
+def test_drop_details_mask_addresses_and_stay_short() -> None:
+    from zephon_core.records import DETAIL_CHARS, drop_detail
+
+    a = drop_detail("cannot identify image file <_io.BytesIO object at 0x7f3a1c2b9e50>")
+    b = drop_detail("cannot identify image file <_io.BytesIO object at 0x7ffe00000010>")
+    assert a == b == "cannot identify image file <_io.BytesIO object at 0x...>"
+    assert len(drop_detail("x" * 1000)) == DETAIL_CHARS
+    assert drop_detail("2 tokens > seq_len 1") == "2 tokens > seq_len 1"
+
+
 def test_llava_next_parquet_layout_is_read(tmp_path, hf_tokenizer) -> None:
     """LLaVA-NeXT-Data's layout: one ``Image`` column and LLaVA ``conversations``."""
     import datasets
@@ -569,3 +614,66 @@ def test_records_with_images_without_a_format_are_refused_with_a_hint(data) -> N
     with pytest.raises(ConfigError, match=r"cauldron\.parquet: its records have 'images', "
                        r"which format 'text' would ignore; name their format"):
         vlm_recipe({"c": table["files"]}, qwen_tokenizer_dir(), num_lanes=4)
+
+
+def test_webdataset_json_with_obelics_lists_is_an_interleaved_document(tmp_path,
+                                                                       hf_tokenizer) -> None:
+    """A tar sample whose json holds OBELICS's ``texts``/``images`` lists: its numbered
+    images go where the non-null ``images`` entries are, all text is trained; a count that
+    differs from the members, or a position with both a text and an image, is a drop."""
+    from zephon_core import BadSampleError
+    from zephon_vl.wds.writer import write_shards
+
+    pics = photos(2)
+    good = {"texts": ["A harbour at dawn.", None, " Boats leave", None, " before six."],
+            "images": [None, "https://example.org/a.jpg", None, "b.jpg", None]}
+    samples = [
+        {"__key__": "d0", "0.jpg": pics[0][1], "1.jpg": pics[1][1], "json": good},
+        {"__key__": "d1", "0.jpg": pics[0][1], "json": good},
+        {"__key__": "d2", "0.jpg": pics[0][1],
+         "json": {"texts": ["x", None], "images": ["a.jpg", "b.jpg"]}},
+        {"__key__": "d3", "json": {"texts": ["only text"], "images": [None]}},
+    ]
+    shards = write_shards(samples, tmp_path)
+    reader = dataset_reader(DatasetSpec([str(p) for p in shards], "webdataset"))
+    decode = DecodeVision(IMAGE)
+    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 1 << 16)
+    tok.setup()
+    by_key = {reader.read(0, i)["__key__"]: reader.read(0, i) for i in range(4)}
+    doc = decode.decode(by_key["d0"])
+    assert doc["kind"] == "interleaved" and len(doc["vision"]) == 2
+    out = tok.tokenize(doc)
+    runs = [int(np.prod(g)) // IMAGE.merge_size ** 2 for g in out["grid_thw"]]
+    pad = hf_tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    image = "<|vision_start|><|image_pad|><|vision_end|>"
+    want = expand(hf_tokenizer("A harbour at dawn." + image, add_special_tokens=False)
+                  ["input_ids"], runs[:1], pad)
+    want += expand(hf_tokenizer(" Boats leave" + image, add_special_tokens=False)
+                   ["input_ids"], runs[1:], pad)
+    want += hf_tokenizer(" before six.<|endoftext|>", add_special_tokens=False)["input_ids"]
+    assert out["tokens"].tolist() == want
+    assert hf_tokenizer.decode(out["tokens"][out["targets"]].tolist()) == \
+        "A harbour at dawn. Boats leave before six.<|endoftext|>"
+    with pytest.raises(BadSampleError, match="placeholder_mismatch.*1 numbered image"):
+        decode.decode(by_key["d1"])
+    with pytest.raises(BadSampleError, match="bad_record.*position 0 holds both"):
+        decode.decode(by_key["d2"])
+    text_only = tok.tokenize(decode.decode(by_key["d3"]))
+    assert hf_tokenizer.decode(text_only["tokens"].tolist()) == "only text<|endoftext|>"
+
+
+def test_ledger_drop_details_survive_a_resume_on_another_d(data, tmp_path, capsys) -> None:
+    """The resumed ledger's steps are the uninterrupted run's, details included (a drop
+    pending in the checkpoint keeps its detail in the lane state)."""
+    table, _ = data["llava"]
+    toml = recipe_toml(tmp_path / "l.toml", [table])
+    path = tmp_path / "run.jsonl"
+    capsys.readouterr()
+    assert main(["digest", "--runner", "inline", "--recipe", str(toml), "--steps", "6",
+                 "--save-at", "2", "--resume-dp", "2", "--ledger", str(path)]) == 0
+    whole = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    resumed = [json.loads(line) for line in
+               (tmp_path / "run.resumed-d2.jsonl").read_text().splitlines()[1:]]
+    assert [s["step"] for s in resumed] == [2, 3, 4, 5]
+    assert resumed == whole[2:]
+    assert any("detail" in d for s in resumed for d in s["drops"])

@@ -25,7 +25,7 @@ from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
 from zephon_core.ops.contract import Accumulator, Combiner, Digested, Row, Segment
-from zephon_core.records import Dropped, Element, Origin
+from zephon_core.records import Dropped, Element, Origin, drop_detail
 
 _KEY_SALT = 0x454C454D
 
@@ -121,6 +121,8 @@ class LaneRun:
         self.rows_emitted = 0
         self.want_rows = 0
         self.pending_drops: list[tuple[Origin, str]] = []
+        #: the detail of a pending drop, by origin (`drop_detail`; the ledger shows it)
+        self.drop_details: dict[Origin, str] = {}
         self.dropped: dict[str, int] = {}
         self.source_done = False
         self.flushed: set[int] = set()
@@ -145,8 +147,10 @@ class LaneRun:
         else:
             self.inbox[i].append((origin, payload))
 
-    def _record_drop(self, origin: Origin, reason: str) -> None:
+    def _record_drop(self, origin: Origin, reason: str, detail: str = "") -> None:
         self.pending_drops.append((origin, reason))
+        if detail:
+            self.drop_details[origin] = drop_detail(detail)
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         run = self.drops_in_a_row
         run[reason] = run.get(reason, 0) + 1
@@ -196,7 +200,7 @@ class LaneRun:
                     if i == self.combiner_index:
                         if self.gate is not None:
                             self.gate.at_combiner(origin, self.rows_emitted)
-                        self._record_drop(origin, payload.reason)
+                        self._record_drop(origin, payload.reason, payload.detail)
                     else:
                         self._to_stage(i + 1, origin, payload)
                 elif i == self.combiner_index:
@@ -208,7 +212,7 @@ class LaneRun:
                     else:
                         if self.gate is not None:
                             self.gate.refused()
-                        self._record_drop(origin, refused.reason)
+                        self._record_drop(origin, refused.reason, refused.detail)
                         if self.digests is not None:
                             self.digests.pop(origin, None)
                     self._take_rows()
@@ -235,6 +239,7 @@ class LaneRun:
         while (row := self.combiner.pop_row()) is not None:
             self.draws_since_row = 0
             row.drops, self.pending_drops = self.pending_drops, []
+            row.drop_details = [self.drop_details.pop(o, "") for o, _ in row.drops]
             if self.digests is not None:
                 row.digests = [self._segment_digest(s) for s in row.segments]
                 if len(self.digests) > 4 * self.budget + 1024:
@@ -416,6 +421,8 @@ class LaneRun:
             "packer": self.combiner.state(),
             "flushed": sorted(self.op_of_stage[i] for i in self.flushed),
             "drops": [[*o, reason] for o, reason in self.pending_drops],
+            **({"drop_details": [[*o, self.drop_details[o]] for o, _ in self.pending_drops
+                                 if o in self.drop_details]} if self.drop_details else {}),
             "dropped": dict(sorted(self.dropped.items())),
         }
 
@@ -443,6 +450,7 @@ class LaneRun:
             self.rows_emitted = int(snap["rows"])
             self.flushed = {self.stage_of_op[int(i)] for i in snap["flushed"]}
             self.pending_drops = [(Origin(*d[:5]), str(d[5])) for d in snap["drops"]]
+            self.drop_details = {Origin(*d[:5]): str(d[5]) for d in snap.get("drop_details", [])}
             self.dropped = {str(k): int(v) for k, v in snap["dropped"].items()}
             start = 0
             for s in self.stages:

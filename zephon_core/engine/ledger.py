@@ -19,9 +19,13 @@ lane), each ``{"lane", "samples": [{"dataset", "shard", "index", "epoch",
 "seq", "key"?, "span": [start, end], "digest": {field: hex16}}]}``; a sample's
 digest is `zephon_core.common.digest.sample_digest` of its payload, computed
 by the worker that made it. ``drops`` are the drops reported at that step,
-``{"lane", "dataset", "shard", "index", "epoch", "seq", "key"?, "reason"}``.
+``{"lane", "dataset", "shard", "index", "epoch", "seq", "key"?, "reason", "detail"?}``;
+``detail`` says why (which field, how many placeholders for how many images,
+the decoder's message), the same text at every `D`, runner and run
+(`zephon_core.records.drop_detail`).
 
-A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON);
+A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON,
+drops without their ``detail``, so ledgers written before details compare equal);
 the step digest is the SHA-256 of ``"lane:digest\\n"`` over the lanes in
 lane order. Neither depends on `D`: it is a digest of *what went in* (sample
 identities and payload digests), a sibling of the batch digest
@@ -99,17 +103,22 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 sample["digest"] = d
                 samples.append(sample)
             lane_rows.append(samples)
-        drops = []
+        drops, digested = [], []
         for row in mine:
-            for o, reason in row.drops:
+            for j, (o, reason) in enumerate(row.drops):
                 drop: dict[str, Any] = _origin(o)
                 key = keys(o.dataset, o.shard, o.index) if keys else None
                 if key is not None:
                     drop["key"] = key
                 drop["reason"] = reason
+                digested.append(dict(drop))
+                detail = row.drop_details[j] if j < len(row.drop_details) else ""
+                if detail:
+                    drop["detail"] = detail
                 drops.append(drop)
+        # the digest leaves details out: they explain a drop, the reason decides it
         out[lane] = {"rows": lane_rows, "drops": drops,
-                     "digest": _sha({"rows": lane_rows, "drops": drops})}
+                     "digest": _sha({"rows": lane_rows, "drops": digested})}
     return out
 
 

@@ -200,6 +200,13 @@ class LaneChecker:
                 raise self.fail(lane, "drops", f"holds {json.dumps(d)[:80]}, not [origin..., "
                                 "reason]")
             self.origin(lane, "drops", d[:5], draws)
+        pending = {tuple(d[:5]) for d in snap["drops"]}
+        details = snap.get("drop_details", [])
+        if not (isinstance(details, list) and all(
+                isinstance(d, list) and len(d) == 6 and isinstance(d[5], str)
+                and tuple(d[:5]) in pending for d in details)):
+            raise self.fail(lane, "drop_details", "is not a list of [origin..., detail] of "
+                            "pending drops")
         dropped = snap["dropped"]
         if not (isinstance(dropped, dict) and all(is_count(v) for v in dropped.values())):
             raise self.fail(lane, "dropped", "is not a mapping of reasons to counts")

@@ -265,8 +265,7 @@ class BalancedPacker(Combiner):
             return None
         segments = self.ready.popleft()
         filler = self.op.filler
-        if filler is not None and not any(
-                int((s.payload.get("costs") or {}).get(filler.cost, 0)) for s in segments):
+        if filler is not None and filler.wanted(segments):
             segments = [*segments, Segment(FILLER_ORIGIN, filler.payload, 0, filler.num_tokens)]
         return Row(segments)
 

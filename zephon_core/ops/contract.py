@@ -136,6 +136,8 @@ class Row:
 
     segments: list[Segment]
     drops: list[tuple[Origin, str]] = field(default_factory=list)
+    #: each drop's detail (``""`` where it has none), set by the lane with `drops`
+    drop_details: list[str] = field(default_factory=list)
     #: with the ledger on: one sample digest per segment (set by the lane, like `drops`)
     digests: list[dict[str, str]] | None = None
 

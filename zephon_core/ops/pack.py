@@ -56,11 +56,22 @@ class RowFiller:
     `payload` is a document like any other (``tokens``, ``targets``,
     ``costs``; its ``costs[cost]`` must be >= 1). `fingerprint` identifies its
     content in checkpoint fingerprints (the payload may hold arrays).
+    `datasets`: only a row with a document of one of these datasets (by index)
+    gets it; None: every row. Room for it is kept in every row either way.
     """
 
     cost: str
     payload: dict
     fingerprint: str
+    datasets: frozenset[int] | None = None
+
+    def wanted(self, segments: list[Segment]) -> bool:
+        """True when the row of `segments` gets the filler: none has the cost, and
+        (with `datasets`) one comes from a dataset that wants it."""
+        if any(int((s.payload.get("costs") or {}).get(self.cost, 0)) for s in segments):
+            return False
+        return self.datasets is None or any(s.origin.dataset in self.datasets
+                                            for s in segments)
 
     def __post_init__(self) -> None:
         if int((self.payload.get("costs") or {}).get(self.cost, 0)) < 1:
@@ -72,7 +83,10 @@ class RowFiller:
         return len(self.payload["tokens"])
 
     def settings(self) -> dict:
-        return {"cost": self.cost, "tokens": self.num_tokens, "fingerprint": self.fingerprint}
+        out = {"cost": self.cost, "tokens": self.num_tokens, "fingerprint": self.fingerprint}
+        if self.datasets is not None:
+            out["datasets"] = sorted(self.datasets)
+        return out
 
 
 class Pack(CombinerOp):
@@ -253,8 +267,7 @@ class Packer(Combiner):
             return None
         segments = self.ready.popleft()
         filler = self.op.filler
-        if filler is not None and not any(
-                int((s.payload.get("costs") or {}).get(filler.cost, 0)) for s in segments):
+        if filler is not None and filler.wanted(segments):
             segments = [*segments, Segment(FILLER_ORIGIN, filler.payload, 0, filler.num_tokens)]
         return Row(segments)
 

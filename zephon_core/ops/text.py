@@ -14,6 +14,7 @@ import numpy as np
 
 from zephon_core.common.system import release_free_heap
 from zephon_core.errors import BadSampleError, ConfigError
+from zephon_core.ops.chat import ChatFraming, chat_pieces, chatml_turn, record_turns
 from zephon_core.ops.contract import Transform, check_on_error
 from zephon_core.records import Element
 
@@ -138,41 +139,102 @@ class TokenizerTransform(Transform):
 class Tokenize(TokenizerTransform):
     """Text -> token ids with a `transformers` tokenizer loaded from a local path.
 
-    Output payload: ``{"tokens": int32 array}``, EOS appended when `add_eos`.
-    What happens to documents longer than the context is the packer's
-    `overlong` setting (split, truncate or drop), so it is decided in one place.
+    A record is ``{text_key: str}`` (all of it a target) or a chat under
+    ``conversations``/``messages`` (`zephon_core.ops.chat`: ChatML turns, the
+    targets `chat` says: assistant turns and their ``<|im_end|>\\n`` by default).
+    Output payload: ``{"tokens": int32 array}``, EOS appended when `add_eos` and
+    ``chat.end_of_text`` (every document, text or chat, ends the same way),
+    plus ``targets`` (bool) where not every token is one. What happens to
+    documents longer than the context is the packer's `overlong` setting
+    (split, truncate or drop), so it is decided in one place.
     """
 
     default_runner = "processes"
 
     def __init__(self, tokenizer_path: str | os.PathLike, text_key: str = "text",
                  add_bos: bool = False, add_eos: bool = True, name: str = "tokenize",
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", chat: ChatFraming | None = None) -> None:
         super().__init__(tokenizer_path)
         self.text_key = text_key
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.name = name
         self.on_error = check_on_error(on_error)
+        self.chat = chat or ChatFraming()
+        self._chatml: tuple[int, int] | None = None
 
     def settings(self) -> dict:
+        chat = self.chat.settings()
         return {"tokenizer": self._identity, "text_key": self.text_key,
-                "add_bos": self.add_bos, "add_eos": self.add_eos}
+                "add_bos": self.add_bos, "add_eos": self.add_eos,
+                **({"chat": chat} if chat else {})}
 
     def process_many(self, elements: list[Element]) -> list[Any]:
         self.setup()
-        texts = []
-        for e in elements:
-            text = e.payload.get(self.text_key) if isinstance(e.payload, dict) else None
-            if not isinstance(text, str):
+        texts, at = [], []
+        out: list[Any] = [None] * len(elements)
+        for i, e in enumerate(elements):
+            record = e.payload if isinstance(e.payload, dict) else {}
+            text = record.get(self.text_key)
+            if isinstance(text, str):
+                texts.append(text)
+                at.append(i)
+                continue
+            turns = record_turns(record, _where(e))
+            if turns is None:
                 raise BadSampleError("missing_text", _where(e),
-                                     f"no string field {self.text_key!r} in the sample")
-            texts.append(text)
-        ids = self._tok(texts, add_special_tokens=False)["input_ids"]
+                                     f"no string field {self.text_key!r} and no "
+                                     "'conversations'/'messages' chat in the sample")
+            out[i] = self._chat(turns, _where(e))
+        ids = self._tok(texts, add_special_tokens=False)["input_ids"] if texts else []
         bos_id, eos_id = self._tok.bos_token_id, self._tok.eos_token_id
         bos = [bos_id] if self.add_bos and bos_id is not None else []
-        eos = [eos_id] if self.add_eos and eos_id is not None else []
-        return [{"tokens": np.asarray(bos + t + eos, dtype=np.int32)} for t in ids]
+        eos = [eos_id] if self.add_eos and self.chat.end_of_text and eos_id is not None else []
+        masked_eos = bool(eos) and not self.chat.train_end_of_text
+        for i, t in zip(at, ids, strict=True):
+            doc = {"tokens": np.asarray(bos + t + eos, dtype=np.int32)}
+            if masked_eos:
+                doc["targets"] = np.arange(len(doc["tokens"])) < len(doc["tokens"]) - 1
+            out[i] = doc
+        return out
+
+    def _chat(self, turns: list[dict], where: str) -> dict:
+        """A chat framed as ChatML: tokens and targets."""
+        if self._chatml is None:
+            self._chatml = self._chatml_ids()
+        start, end = self._chatml
+
+        def encode(s: str) -> list[int]:
+            return self._tok(s, add_special_tokens=False)["input_ids"] if s else []
+
+        pieces = chat_pieces(turns, self.chat, lambda role: chatml_turn(start, end, role, encode),
+                             encode)
+        if any(kind == "media" for kind, _, _ in pieces):
+            raise BadSampleError("placeholder_mismatch", where, "a text record's chat has an "
+                                 "image slot (<image> or an image part) and no image; read "
+                                 "it with a VLM recipe and its format")
+        if not any(trained and value for kind, value, trained in pieces):
+            raise BadSampleError("no_assistant_turn", where, "a chat without text in a turn "
+                                 f"of {'/'.join(self.chat.train_roles)} has nothing to train on")
+        bos_id, eos_id = self._tok.bos_token_id, self._tok.eos_token_id
+        if self.add_bos and bos_id is not None:
+            pieces.insert(0, ("text", [bos_id], False))
+        if self.add_eos:
+            pieces += self.chat.end_of_text_piece(eos_id)  # none when chat.end_of_text is off
+        tokens = [t for _, value, _ in pieces for t in value]
+        targets = [trained for _, value, trained in pieces for _ in value]
+        return {"tokens": np.asarray(tokens, dtype=np.int32),
+                "targets": np.asarray(targets, dtype=bool)}
+
+    def _chatml_ids(self) -> tuple[int, int]:
+        ids = self._tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+        unk = getattr(self._tok, "unk_token_id", None)
+        if any(i is None or (unk is not None and i == unk) for i in ids):
+            raise ConfigError(f"chat records are framed as ChatML (<|im_start|>role ... "
+                              f"<|im_end|>) and the tokenizer {self.tokenizer_path} lacks "
+                              "those tokens; use a tokenizer that has them (the bundled Qwen "
+                              "one: `zephon-vl tokenizer`), or give text records")
+        return ids[0], ids[1]
 
 
 def _where(e: Element) -> str:

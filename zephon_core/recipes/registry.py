@@ -74,8 +74,9 @@ _KINDS: dict[str, FactoryRef] = {
 _DATASET_KEYS = ("name", "files", "manifest", "weight", "format", "fields")
 #: dataset options that name folders: resolved relative to the TOML file like files
 _FOLDER_OPTIONS = ("image_folder", "video_folder")
-#: other options a format may take (it refuses the ones it does not)
-_OTHER_OPTIONS = ("row_group_cache",)
+#: other options a format may take (it refuses the ones it does not); ``image_every_row``
+#: is a VLM recipe's per-dataset filler switch (`vlm_recipe` takes it out)
+_OTHER_OPTIONS = ("row_group_cache", "image_every_row")
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:

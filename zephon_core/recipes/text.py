@@ -21,6 +21,7 @@ from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import ConfigError
+from zephon_core.ops.chat import ChatFraming, chat_framing
 from zephon_core.ops.pack import Pack
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import MinTokens, Tokenize, load_tokenizer
@@ -52,10 +53,15 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
                 max_open_bins: int = 4, overlong: str = "split", min_tokens: int = 1,
                 epochs: int | None = None, on_error: str = "raise",
                 name: str = "text", phases: Sequence[Phase | Mapping[str, Any]] = (),
-                phase_lag: int = 32) -> Recipe:
+                phase_lag: int = 32,
+                chat: ChatFraming | Mapping[str, Any] | None = None) -> Recipe:
     """A text recipe: shuffle pointers, read, tokenize, drop short documents, pack.
 
-    `phases` and `phase_lag` make the mixture a schedule (`Recipe`)."""
+    Records are ``{text_key: str}`` (all trained) or chats under
+    ``conversations``/``messages``, framed as ChatML with only assistant turns
+    trained; `chat` (a `ChatFraming` or its ``[chat]`` table) changes the framing
+    (docs/data-formats.md). `phases` and `phase_lag` make the mixture a schedule
+    (`Recipe`)."""
     named = dict(files) if isinstance(files, Mapping) else {"data": files}
     weights = dict(weights or {})
     unknown = set(weights) - set(named)
@@ -79,7 +85,8 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
         ops.append(Shuffle(shuffle_buffer))
     ops += [
         Read([d.reader for d in datasets], on_error=on_error),
-        Tokenize(tokenizer, text_key="text", on_error=on_error),  # readers rename text_key
+        Tokenize(tokenizer, text_key="text", on_error=on_error,  # readers rename text_key
+                 chat=chat_framing(chat)),
         MinTokens(min_tokens),
         Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong=overlong,
              pad_id=pad_id),

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from zephon_core import ConfigError
+from zephon_core import ChatFraming, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,28 @@ class VisionFamily(ModelFamily):
     #: ``{"patch_size": 16, "patch_order": "raster", "resize": "patches", ...}``; fields
     #: not named keep ``ImageSettings``' defaults. ``max_pixels`` is the caller's.
     preset: dict[str, Any] = {}
+    #: How this family's recipes frame documents unless the recipe's ``chat`` says
+    #: otherwise (`zephon_core.ChatFraming`): no default system prompt, assistant turns
+    #: and their closing tokens trained, a trained end-of-text after every document.
+    chat_framing: ChatFraming = ChatFraming()
+    #: The framing under which the family's tokens equal its chat template's
+    #: (``apply_chat_template``) token for token: ``chat = "template"`` in a recipe.
+    template_framing: ChatFraming = ChatFraming(end_of_text=False)
+
+    def framing(self, chat: ChatFraming | Any = None) -> ChatFraming:
+        """A recipe's ``chat`` setting as a framing: None is `chat_framing`, ``"template"``
+        `template_framing`, a table (``[chat]``) sets fields over `chat_framing`."""
+        from zephon_core.ops.chat import chat_framing
+
+        if isinstance(chat, str):
+            if chat == "template":
+                return self.template_framing
+            if chat == "default":
+                return self.chat_framing
+            raise ConfigError(f"chat = {chat!r}: a string names a framing, \"template\" (the "
+                              f"{self.name} chat template's) or \"default\"; or give a [chat] "
+                              "table of ChatFraming fields")
+        return chat_framing(chat, self.chat_framing)
 
     def tokenizer_dir(self) -> Any:
         """A local tokenizer folder with the family's special tokens (built-in recipes
@@ -160,8 +182,10 @@ class VisionFamily(ModelFamily):
                   encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
         """Token ids that open and close one conversation turn of `role`.
 
-        `encode` tokenizes text the way the operator tokenizes the turn's
-        content (``add_special_tokens=False``); an empty string gives ``[]``.
+        What else a chat template decides (a default system prompt, an
+        end-of-text) is the recipe's `ChatFraming`. `encode` tokenizes text the
+        way the operator tokenizes the turn's content (``add_special_tokens=False``);
+        an empty string gives ``[]``.
         """
 
     @abstractmethod

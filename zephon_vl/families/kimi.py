@@ -17,7 +17,12 @@ family holds (:attr:`KimiK25.preset`):
   ``(t, h, w)`` (t frames: temporal patch 1) is ONE run of ``(h/2)(w/2)``
   tokens (:meth:`KimiK25.item_tokens`).
 * **Turns** are Kimi's: ``<|im_user|>user<|im_middle|> ... <|im_end|>``
-  (``<|im_assistant|>``, ``<|im_system|>`` for the other roles).
+  (``<|im_assistant|>``, ``<|im_system|>`` for the other roles). Kimi-VL's chat
+  template also puts ``<|im_system|>system<|im_middle|>You are a helpful
+  assistant<|im_end|>`` before a chat without a system turn and adds no
+  end-of-text: :attr:`KimiK25.template_framing` (a recipe's ``chat =
+  "template"``); the default framing adds no system prompt and a trained
+  end-of-text after every document, as zephon's other families do.
 * **Tokenizer.** TorchTitan's debug tokenizer is not in its wheel, and the
   real Kimi one is a hub download; :func:`kimi_tokenizer_dir` builds an
   offline stand-in: the bundled Qwen vocabulary with Kimi's special tokens
@@ -42,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon_core import ConfigError
+from zephon_core import ChatFraming, ConfigError
 from zephon_vl.families.base import TitanOptions, VisionFamily
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ KIMI_TURN_TOKENS = ("<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_mi
 #: Tokens the offline Kimi tokenizer adds to the Qwen vocabulary, in id order.
 KIMI_ADDED_TOKENS = ("<|media_begin|>", "<|media_pad|>", "<|media_end|>", "[PAD]",
                      *KIMI_TURN_TOKENS)
+#: The system turn Kimi-VL's chat template adds to a chat without one (no final period).
+KIMI_SYSTEM_PROMPT = "You are a helpful assistant"
 #: Bump when the tokenizer folder's content changes (a new cache folder).
 KIMI_TOKENIZER_VERSION = "1"
 
@@ -147,6 +154,8 @@ class KimiK25(VisionFamily):
               "patch_order": "raster", "resize": "patches", "max_patches": 16384,
               "max_patches_per_side": 512, "min_pixels": 65536,
               "image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)}
+    #: Kimi-VL's chat template: a default system prompt, no end-of-text.
+    template_framing = ChatFraming(system_prompt=KIMI_SYSTEM_PROMPT, end_of_text=False)
 
     def tokenizer_dir(self) -> Path:
         return kimi_tokenizer_dir()

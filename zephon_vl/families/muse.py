@@ -14,7 +14,9 @@ What TorchTitan 0.3.0's ``muse_glimmer_debugmodel_mm`` config and
   ``MUSE_GLIMMER_SPECIAL_TOKENS``), all in the bundled Qwen vocabulary, which
   is this family's tokenizer. An image is ``<|vision_start|> + (h/2)(w/2) x
   <|image_pad|> + <|vision_end|>``. Turns are ChatML (TorchTitan defines no
-  chat template for Muse Glimmer; these are the tokens its vocabulary has).
+  chat template for Muse Glimmer; these are the tokens its vocabulary has), so
+  its ``template_framing`` is plain ChatML: no default system prompt, no
+  end-of-text (the default framing adds a trained end-of-text, as for Qwen).
 * **Videos.** ``MuseGlimmerModel.forward`` raises ``NotImplementedError`` on
   ``pixel_values_videos`` and its encoder takes ``grid_t == 1`` only. zephon
   lays a video of grid ``(t, h, w)`` out as ``t`` runs (one per temporal

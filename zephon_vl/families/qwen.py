@@ -9,7 +9,13 @@ Qwen2-VL, Qwen2.5-VL and Qwen3.5 share the data conventions this module holds:
   ``<|vision_start|> + (h * w / merge_size**2) x <|video_pad|> + <|vision_end|>``
   per temporal patch (frame), and MRoPE positions each frame as an image
   (:func:`mrope_positions`). No timestamp text is inserted between frames.
-* **Turns** are ChatML: ``<|im_start|>role\\n ... <|im_end|>\\n``.
+* **Turns** are ChatML: ``<|im_start|>role\\n ... <|im_end|>\\n``. Qwen2-VL's
+  and Qwen2.5-VL's chat template also puts the system prompt "You are a helpful
+  assistant." before a chat that has none (Qwen3-VL's adds none) and no
+  end-of-text: :attr:`QwenVL.template_framing`, a recipe's ``chat =
+  "template"``. The default framing (``chat_framing``) adds no system prompt
+  and a trained ``<|endoftext|>`` after every document, as zephon always did
+  (so packed documents stay separated, and existing digests hold).
 * **Resize** is ``smart_resize`` (:mod:`zephon_vl.media.image`, which the
   decode operators call with the recipe's ``ImageSettings``): sides are
   multiples of ``patch_size * merge_size``, the area within the settings'
@@ -62,7 +68,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon_core import ConfigError
+from zephon_core import ChatFraming, ConfigError
+from zephon_core.ops.chat import chatml_turn
 from zephon_vl.families.base import TitanOptions, VisionFamily
 
 if TYPE_CHECKING:
@@ -75,6 +82,8 @@ log = logging.getLogger(__name__)
 #: Qwen3.5's vision encoder: its Conv3d patch and merger geometry, and its mean/std.
 QWEN3_5_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
 QWEN3_5_MEAN_STD = (0.5, 0.5, 0.5)
+#: The system turn Qwen2-VL's and Qwen2.5-VL's chat template adds to a chat without one.
+QWEN_SYSTEM_PROMPT = "You are a helpful assistant."
 #: TorchTitan's qwen3_5 dataloader ``min_pixels`` (``models/qwen3_5/config_registry.py``).
 QWEN3_5_MIN_PIXELS = 65536
 
@@ -128,7 +137,7 @@ class QwenTokenFamily(VisionFamily):
 
     def chat_turn(self, special: QwenTokens, role: str,
                   encode: Callable[[str], list[int]]) -> tuple[list[int], list[int]]:
-        return [special.im_start] + encode(f"{role}\n"), [special.im_end] + encode("\n")
+        return chatml_turn(special.im_start, special.im_end, role, encode)
 
     def batch_token_ids(self, special: QwenTokens) -> dict[str, int]:
         values = (special.image_pad, special.video_pad, special.vision_start,
@@ -150,6 +159,8 @@ class QwenVL(QwenTokenFamily):
               "min_pixels": QWEN3_5_MIN_PIXELS}
     #: Part of the tokenizer's checkpoint settings: a video's placeholder layout.
     layout = "qwen3_5-video-frames"
+    #: Qwen2-VL's chat template: a default system prompt, no end-of-text.
+    template_framing = ChatFraming(system_prompt=QWEN_SYSTEM_PROMPT, end_of_text=False)
 
     def check_model_inputs(self, inputs: dict[str, Any], vocab_size: int | None = None) -> None:
         super().check_model_inputs(inputs, vocab_size)

@@ -31,12 +31,11 @@ from typing import Any
 from zephon_core import BadSampleError, ConfigError
 from zephon_core.data.formats import DatasetSpec, known_formats, option_path
 from zephon_core.data.storage import base_name, is_remote, read_whole
+from zephon_core.ops.chat import ROLES
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordFiles
 
 #: placeholders a text may carry for the next image or video of its record
 PLACEHOLDER = re.compile(r"<image>|<video>")
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-         "system": "system"}
 
 
 class Where:

@@ -12,8 +12,37 @@ text or an image (a path or URL relative to ``image_folder``, or an embedded
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from zephon_vl.formats.base import RecordFormat, Where, bad, media_item
+
+
+def obelics_parts(texts: Any, images: Any, where: Where | str,
+                  names: tuple[str, str] = ("texts", "images")) -> tuple[list[str | None], list]:
+    """OBELICS's parallel lists -> the document's parts (None where an image goes) and
+    the image entries in order; a bad record raises naming the position and the fault.
+    Shared by this format and WebDataset samples whose ``json`` is OBELICS-shaped."""
+    if not isinstance(texts, list) or not isinstance(images, list):
+        raise bad(where, f"{names[0]!r} and {names[1]!r} must both be lists")
+    if len(texts) != len(images):
+        raise bad(where, f"{len(texts)} texts for {len(images)} images: the lists must be "
+                  "as long as each other")
+    parts: list[str | None] = []
+    found = []
+    for j, (text, image) in enumerate(zip(texts, images, strict=True)):
+        if (text is None) == (image is None):
+            raise bad(where, f"position {j} holds {'both' if text is not None else 'neither'}"
+                      " a text and an image; exactly one is expected")
+        if text is not None:
+            if not isinstance(text, str):
+                raise bad(where, f"text {j} is a {type(text).__name__}, not a string")
+            parts.append(text)
+        else:
+            parts.append(None)
+            found.append(image)
+    if not any(parts):
+        raise bad(where, "a document without text", "missing_text")
+    return parts, found
 
 
 class ObelicsFormat(RecordFormat):
@@ -22,25 +51,7 @@ class ObelicsFormat(RecordFormat):
     required = (("texts",), ("images",))
 
     def to_sample(self, record: dict, fields: Mapping[str, str], where: Where) -> dict:
-        texts, images = record.get(fields["texts"]), record.get(fields["images"])
-        if not isinstance(texts, list) or not isinstance(images, list):
-            raise bad(where, f"{fields['texts']!r} and {fields['images']!r} must both be lists")
-        if len(texts) != len(images):
-            raise bad(where, f"{len(texts)} texts for {len(images)} images: the lists must be "
-                      "as long as each other")
-        parts: list[str | None] = []
-        media = []
-        for j, (text, image) in enumerate(zip(texts, images, strict=True)):
-            if (text is None) == (image is None):
-                raise bad(where, f"position {j} holds {'both' if text is not None else 'neither'}"
-                          " a text and an image; exactly one is expected")
-            if text is not None:
-                if not isinstance(text, str):
-                    raise bad(where, f"text {j} is a {type(text).__name__}, not a string")
-                parts.append(text)
-            else:
-                parts.append(None)
-                media.append(media_item(image, False, where))
-        if not any(parts):
-            raise bad(where, "a document without text", "missing_text")
-        return {"kind": "interleaved", "parts": parts, "media": media}
+        parts, images = obelics_parts(record.get(fields["texts"]), record.get(fields["images"]),
+                                      where, (fields["texts"], fields["images"]))
+        return {"kind": "interleaved", "parts": parts,
+                "media": [media_item(image, False, where) for image in images]}

@@ -4,8 +4,10 @@ A sample is the members of one key: an image (``jpg``/``png``/``webp``) with
 a ``txt`` caption or a ``json`` ``caption``; numbered images (``0.jpg``,
 ``1.jpg``...) with a ``json`` of interleaved ``{"text": [..., null, ...]}``
 or of a ``conversations``/``messages`` chat whose ``<image>`` placeholders
-(or image parts) take the numbered images in order; or an ``mp4`` with a
-``txt``. See `zephon_vl.ops.multimodal.DecodeVision`.
+(or image parts) take the numbered images in order, or of OBELICS's parallel
+``{"texts": [...], "images": [...]}`` lists (an interleaved document whose
+non-null ``images`` entries take the numbered images in order); or an
+``mp4`` with a ``txt``. See `zephon_vl.ops.multimodal.DecodeVision`.
 """
 
 from __future__ import annotations

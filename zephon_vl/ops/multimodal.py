@@ -27,16 +27,16 @@ import numpy as np
 
 from zephon_core import BadSampleError, ConfigError, Element, Transform
 from zephon_core.common.jsontext import loads_sample
+from zephon_core.ops.chat import ChatFraming, chat_pieces, parse_turn, record_turns
 from zephon_core.ops.contract import check_on_error
 from zephon_core.ops.text import TokenizerTransform
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
-from zephon_vl.formats.base import ROLES
+from zephon_vl.formats.obelics import obelics_parts
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
 
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
-IMAGE_PLACEHOLDER = "<image>"
 
 
 def _where(sample: dict) -> str:
@@ -53,51 +53,6 @@ def _text_member(sample: dict, ext: str) -> str | None:
         raise BadSampleError("bad_text", _where(sample), f"{ext} is not UTF-8") from None
 
 
-def _turn(turn: Any, where: str) -> dict:
-    """One conversation turn as ``{"role": str, "content": [str | None, ...]}``.
-
-    ``content`` is a string, where ``<image>`` marks an image, or a list of
-    chat-template parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``);
-    either way it becomes text pieces with None where an image goes.
-    """
-    if not isinstance(turn, dict):
-        raise BadSampleError("bad_json", where, f"a conversation turn is {type(turn).__name__}, "
-                             "not an object with 'role' and 'content'")
-    if "from" in turn and "role" not in turn:  # LLaVA/ShareGPT turns: from/value
-        raw = turn.get("from")
-        role = ROLES.get(raw) if isinstance(raw, str) else None
-        if role is None:
-            raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
-                                 f"{', '.join(sorted(ROLES))}")
-        content = turn.get("value", "")
-    else:
-        role = turn.get("role", "user")
-        content = turn.get("content", "")
-    if not isinstance(role, str):
-        raise BadSampleError("bad_json", where, "a turn's 'role' is not a string")
-    if isinstance(content, str):
-        pieces: list[str | None] = []
-        for j, chunk in enumerate(content.split(IMAGE_PLACEHOLDER)):
-            if j:
-                pieces.append(None)
-            pieces.append(chunk)
-        return {"role": role, "content": pieces}
-    if not isinstance(content, list):
-        raise BadSampleError("bad_json", where, f"a turn's 'content' is "
-                             f"{type(content).__name__}, not a string or a list of parts")
-    pieces = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            pieces.append(part["text"])
-        elif kind == "image":
-            pieces.append(None)
-        else:
-            raise BadSampleError("bad_json", where, "a content part is not {'type': 'text', "
-                                 "'text': str} or {'type': 'image'}: " + str(part)[:60])
-    return {"role": role, "content": pieces}
-
-
 def text_document(record: Any) -> dict:
     """A JSONL/Parquet record of a text dataset -> a document without vision items.
 
@@ -110,10 +65,9 @@ def text_document(record: Any) -> dict:
         raise BadSampleError("bad_json", "text record", f"a {type(record).__name__}, "
                              "not an object with 'text' or 'conversations'")
     where = f"text record {str(record.get('id', '?'))[:40]}"
-    turns = record.get("conversations", record.get("messages"))
-    if isinstance(turns, list):
-        return {"kind": "conversation", "turns": [_turn(t, where) for t in turns],
-                "vision": [], "video": []}
+    turns = record_turns(record, where)
+    if turns is not None:
+        return {"kind": "conversation", "turns": turns, "vision": [], "video": []}
     text = record.get("text")
     if not isinstance(text, str) or not text:
         raise BadSampleError("missing_text", where, "a text record needs a non-empty 'text' "
@@ -180,9 +134,11 @@ class DecodeVision(Transform):
                     "video": [True]}
         if isinstance(meta, dict) and "video" in meta:  # a video by reference (video_folder)
             return self._referenced_video(sample, meta, base, where)
+        if isinstance(meta, dict) and "texts" in meta and "images" in meta:
+            return self._obelics(sample, meta, indexed, base, where)
         if indexed and isinstance(meta, dict) and isinstance(
                 meta.get("conversations", meta.get("messages")), list):
-            turns = [_turn(t, where) for t in meta.get("conversations", meta.get("messages"))]
+            turns = [parse_turn(t, where) for t in meta.get("conversations", meta.get("messages"))]
             vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
                       for _, k in indexed]
             return {**base, "kind": "conversation", "turns": turns, "vision": vision,
@@ -208,7 +164,7 @@ class DecodeVision(Transform):
         img = process_image(sample[ext], self.image, f"{where}.{ext}", one_frame=True)
         if isinstance(meta, dict) and isinstance(meta.get("conversations"), list):
             return {**base, "kind": "conversation",
-                    "turns": [_turn(t, where) for t in meta["conversations"]],
+                    "turns": [parse_turn(t, where) for t in meta["conversations"]],
                     "vision": [img], "video": [False]}
         caption = _text_member(sample, "txt")
         if caption is None and isinstance(meta, dict) and isinstance(meta.get("caption"), str):
@@ -233,6 +189,22 @@ class DecodeVision(Transform):
             doc["turns"] = sample["turns"]
         return doc
 
+    def _obelics(self, sample: dict, meta: dict, indexed: list[tuple[int, str]], base: dict,
+                 where: str) -> dict:
+        """``json {"texts": [...], "images": [...]}`` (OBELICS's parallel lists): an
+        interleaved document whose images are the numbered members, in order, one per
+        non-null ``images`` entry (the entry itself, often the source URL, is not read)."""
+        parts, images = obelics_parts(meta["texts"], meta["images"], where)
+        if len(images) != len(indexed):
+            raise BadSampleError("placeholder_mismatch", where,
+                                 f"json 'images' holds {len(images)} image(s) and the sample "
+                                 f"has {len(indexed)} numbered image member(s) (0.jpg, 1.jpg...)"
+                                 "; each image of the document is one member, in order")
+        vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+                  for _, k in indexed]
+        return {**base, "kind": "interleaved", "parts": parts, "vision": vision,
+                "video": [False] * len(vision)}
+
     def _referenced_video(self, sample: dict, meta: dict, base: dict, where: str) -> dict:
         """``json {"video": "clips/a.mp4", ...}``: the clip is read from
         `VideoSettings.video_folder` by range; a caption (txt, or json
@@ -241,7 +213,7 @@ class DecodeVision(Transform):
             vid = process_video(f, self.image, self.video, f"{where}:{meta['video']}")
         if isinstance(meta.get("conversations"), list):
             return {**base, "kind": "conversation",
-                    "turns": [_turn(t, where) for t in meta["conversations"]],
+                    "turns": [parse_turn(t, where) for t in meta["conversations"]],
                     "vision": [vid], "video": [True]}
         caption = _text_member(sample, "txt")
         if caption is None and isinstance(meta.get("caption"), str):
@@ -263,7 +235,8 @@ class TokenizeMultimodal(TokenizerTransform):
 
     def __init__(self, tokenizer_path: str | os.PathLike, merge_size: int, max_tokens: int,
                  overlong: str = "drop", name: str = "tokenize", on_error: str = "drop",
-                 family: str | VisionFamily = "qwen3_5") -> None:
+                 family: str | VisionFamily = "qwen3_5",
+                 chat: ChatFraming | None = None) -> None:
         if overlong not in ("drop", "truncate"):
             raise ConfigError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
         super().__init__(tokenizer_path)
@@ -273,13 +246,16 @@ class TokenizeMultimodal(TokenizerTransform):
         self.name = name
         self.on_error = check_on_error(on_error)
         self.family = vision_family(family)
+        self.chat = chat if chat is not None else self.family.chat_framing
         self._ids: Any = None
 
     def settings(self) -> dict:
+        chat = self.chat.settings()
         return {"tokenizer": self._identity, "merge_size": self.merge_size,
                 "max_tokens": self.max_tokens, "overlong": self.overlong,
                 "family": self.family.name, **({"layout": self.family.layout}
-                                                if self.family.layout else {})}
+                                                if self.family.layout else {}),
+                **({"chat": chat} if chat else {})}
 
     def setup(self) -> None:
         if self._tok is None:  # first use, or after `unload`
@@ -294,34 +270,26 @@ class TokenizeMultimodal(TokenizerTransform):
         return [self.tokenize(e.payload) for e in elements]
 
     def _pieces(self, doc: dict) -> list[tuple[str, Any, bool]]:
-        """The document as ("text", ids, is_target) and ("vision", index, False) pieces."""
+        """The document as ("text", ids, is_target) and ("media", index, False) pieces: a
+        chat framed by the family's turn tokens and the recipe's `ChatFraming`."""
         ids = self._ids
         kind = doc["kind"]
         if kind == "caption":
-            return [("vision", 0, False), ("text", self._text(doc["text"].rstrip()), True)]
+            return [("media", 0, False), ("text", self._text(doc["text"].rstrip()), True)]
         if kind == "text":
             return [("text", self._text(doc["text"]), True)]
         if kind == "interleaved":
             out, k = [], 0
             for part in document_text(doc["parts"]):
                 if part is None:
-                    out.append(("vision", k, False))
+                    out.append(("media", k, False))
                     k += 1
                 elif part:
                     out.append(("text", self._text(part), True))
             return out
-        out, images = [], 0
-        for turn in doc["turns"]:
-            role = turn["role"]
-            opening, closing = self.family.chat_turn(ids, role, self._text)
-            out.append(("text", opening, False))
-            for piece in turn["content"]:
-                if piece is None:
-                    out.append(("vision", images, False))
-                    images += 1
-                else:
-                    out.append(("text", self._text(piece), role == "assistant"))
-            out.append(("text", closing, role == "assistant"))
+        out = chat_pieces(doc["turns"], self.chat,
+                          lambda role: self.family.chat_turn(ids, role, self._text), self._text)
+        images = sum(kind == "media" for kind, _, _ in out)
         if images != len(doc["vision"]):
             raise BadSampleError("bad_json", f"{doc.get('shard')}:{doc.get('key')}",
                                  f"{images} <image> placeholders for {len(doc['vision'])} images")
@@ -334,9 +302,9 @@ class TokenizeMultimodal(TokenizerTransform):
         targets: list[np.ndarray] = []
         used: list[int] = []
         total = 0
-        pieces = self._pieces(doc) + [("text", [ids.eos], True)]
+        pieces = self._pieces(doc) + self.chat.end_of_text_piece(ids.eos)
         for kind, value, is_target in pieces:
-            if kind == "vision":
+            if kind == "media":
                 t = self.family.placeholder(ids, vision[value], self.merge_size,
                                             doc["video"][value])
                 if self.overlong == "truncate" and total + len(t) > self.max_tokens:

@@ -1,0 +1,214 @@
+"""Chat framing: how a conversation's turns become tokens and prediction targets.
+
+A conversation is a list of turns ``{"role": "system" | "user" | "assistant",
+"content": [str | None, ...]}``; None in the content is a media slot (where a
+model family puts an image's or a video's placeholder run). Two things decide
+its tokens:
+
+* the **turn tokens**, which open and close a turn of a role: a model
+  family's (`zephon_vl.families`), or ChatML's (`chatml_turn`) for a text
+  recipe: ``<|im_start|>role\\n`` ... ``<|im_end|>\\n``;
+* the **framing** (`ChatFraming`), the rest of what a chat template decides
+  plus what is trained: a default system prompt for chats without one, which
+  roles' turns are targets and whether their closing tokens are, and whether
+  an end-of-text token follows each document.
+
+Control tokens are inserted by id; the text of a turn is tokenized as text
+(guarantee 8: untrusted text never becomes control tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import BadSampleError, ConfigError
+
+#: the text placeholder of a media slot in a string turn (LLaVA's convention)
+MEDIA_PLACEHOLDER = "<image>"
+#: a turn's role as datasets write it -> the role zephon frames (LLaVA/ShareGPT's
+#: ``human``/``gpt`` included)
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+         "system": "system"}
+CHAT_ROLES = ("system", "user", "assistant")
+#: the record keys a chat is read from, in order
+CHAT_KEYS = ("conversations", "messages")
+
+Encode = Callable[[str], list[int]]
+TurnTokens = Callable[[str], tuple[list[int], list[int]]]
+
+
+@dataclass(frozen=True)
+class ChatFraming:
+    """What a chat template decides beyond the turn tokens, and what is trained.
+
+    `system_prompt`: a system turn with this text is put before a chat whose
+    first turn is not a system turn (what Qwen2-VL's template does with
+    "You are a helpful assistant."); None adds none. `train_roles`: the roles
+    whose turns are prediction targets (their text; media slots and turn
+    openings never are). `train_turn_end`: a trained turn's closing tokens
+    (``<|im_end|>\\n`` in ChatML) are targets too. `end_of_text`: the
+    tokenizer's end-of-text token follows every document (chats, captions,
+    plain text), a target when `train_end_of_text`.
+
+    The defaults are how zephon has always framed documents; each family
+    states its own (``VisionFamily.chat_framing``) and the framing its chat
+    template gives exactly (``VisionFamily.template_framing``).
+    """
+
+    system_prompt: str | None = None
+    train_roles: tuple[str, ...] = ("assistant",)
+    train_turn_end: bool = True
+    end_of_text: bool = True
+    train_end_of_text: bool = True
+
+    def __post_init__(self) -> None:
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ConfigError(f"chat system_prompt must be a string or None, got "
+                              f"{self.system_prompt!r}")
+        roles = self.train_roles
+        if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
+            raise ConfigError(f"chat train_roles must be a list of roles, got {roles!r}")
+        object.__setattr__(self, "train_roles", tuple(roles))
+        unknown = sorted(set(self.train_roles) - set(CHAT_ROLES))
+        if unknown:
+            raise ConfigError(f"chat train_roles names unknown role {unknown[0]!r}; roles: "
+                              f"{', '.join(CHAT_ROLES)}")
+        for name in ("train_turn_end", "end_of_text", "train_end_of_text"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"chat {name} must be true or false, got "
+                                  f"{getattr(self, name)!r}")
+
+    def settings(self) -> dict:
+        """The fields that differ from the defaults, for checkpoint fingerprints: a
+        checkpoint written before framing was a setting keeps a valid fingerprint,
+        and a resume with a changed framing is refused naming the field."""
+        default = ChatFraming()
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(default, f.name):
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def end_of_text_piece(self, eos: int | None) -> list[tuple[str, Any, bool]]:
+        """The piece that ends every document: ``[]`` without one."""
+        if not self.end_of_text or eos is None:
+            return []
+        return [("text", [eos], self.train_end_of_text)]
+
+
+def chat_framing(value: ChatFraming | Mapping[str, Any] | None,
+                 default: ChatFraming | None = None) -> ChatFraming:
+    """A framing given as itself, as a ``[chat]`` table (fields over `default`'s), or None
+    (`default`, else `ChatFraming()`)."""
+    base = default or ChatFraming()
+    if value is None:
+        return base
+    if isinstance(value, ChatFraming):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"chat must be a table of ChatFraming fields ([chat]), got {value!r}")
+    known = [f.name for f in dataclasses.fields(ChatFraming)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in [chat]; known: {', '.join(known)}")
+    return dataclasses.replace(base, **value)
+
+
+def chatml_turn(im_start: int, im_end: int, role: str,
+                encode: Encode) -> tuple[list[int], list[int]]:
+    """ChatML's turn tokens: ``<|im_start|>role\\n`` and ``<|im_end|>\\n``."""
+    return [im_start] + encode(f"{role}\n"), [im_end] + encode("\n")
+
+
+def parse_turn(turn: Any, where: str) -> dict:
+    """One conversation turn as ``{"role": str, "content": [str | None, ...]}``.
+
+    Turns are ``{"role", "content"}`` or LLaVA/ShareGPT's ``{"from", "value"}``
+    (roles mapped by `ROLES`). ``content`` is a string, where ``<image>`` marks
+    a media slot, or a list of chat-template parts (``{"type": "text", "text":
+    ...}``, ``{"type": "image"}``); either way it becomes text pieces with None
+    where a slot goes.
+    """
+    if not isinstance(turn, dict):
+        raise BadSampleError("bad_json", where, f"a conversation turn is {type(turn).__name__}, "
+                             "not an object with 'role' and 'content'")
+    if "from" in turn and "role" not in turn:
+        raw = turn.get("from")
+        role = ROLES.get(raw) if isinstance(raw, str) else None
+        if role is None:
+            raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
+                                 f"{', '.join(sorted(ROLES))}")
+        content = turn.get("value", "")
+    else:
+        role = turn.get("role", "user")
+        content = turn.get("content", "")
+    if not isinstance(role, str):
+        raise BadSampleError("bad_json", where, "a turn's 'role' is not a string")
+    if isinstance(content, str):
+        pieces: list[str | None] = []
+        for j, chunk in enumerate(content.split(MEDIA_PLACEHOLDER)):
+            if j:
+                pieces.append(None)
+            pieces.append(chunk)
+        return {"role": role, "content": pieces}
+    if not isinstance(content, list):
+        raise BadSampleError("bad_json", where, f"a turn's 'content' is "
+                             f"{type(content).__name__}, not a string or a list of parts")
+    pieces = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind == "image":
+            pieces.append(None)
+        else:
+            raise BadSampleError("bad_json", where, "a content part is not {'type': 'text', "
+                                 "'text': str} or {'type': 'image'}: " + str(part)[:60])
+    return {"role": role, "content": pieces}
+
+
+def record_turns(record: dict, where: str) -> list[dict] | None:
+    """A record's chat (`CHAT_KEYS`) as parsed turns; None when it holds none."""
+    turns = record.get(CHAT_KEYS[0], record.get(CHAT_KEYS[1]))
+    if not isinstance(turns, list):
+        return None
+    return [parse_turn(t, where) for t in turns]
+
+
+def chat_pieces(turns: list[dict], framing: ChatFraming, turn_tokens: TurnTokens,
+                encode: Encode) -> list[tuple[str, Any, bool]]:
+    """A conversation as ``("text", ids, is_target)`` and ``("media", slot, False)`` pieces
+    (slots numbered in order), framed by `turn_tokens(role)` and `framing`."""
+    if turns and framing.system_prompt is not None and turns[0]["role"] != "system":
+        turns = [{"role": "system", "content": [framing.system_prompt]}, *turns]
+    out: list[tuple[str, Any, bool]] = []
+    slots = 0
+    for turn in turns:
+        role = turn["role"]
+        trained = role in framing.train_roles
+        opening, closing = turn_tokens(role)
+        out.append(("text", opening, False))
+        for piece in _joined(turn["content"]):
+            if piece is None:
+                out.append(("media", slots, False))
+                slots += 1
+            else:
+                out.append(("text", encode(piece), trained))
+        out.append(("text", closing, trained and framing.train_turn_end))
+    return out
+
+
+def _joined(content: list[str | None]) -> list[str | None]:
+    """Neighbouring text pieces of a turn as one (a chat template renders them as one
+    string, and BPE merges across the seam: ``"Hel" + "lo"``)."""
+    out: list[str | None] = []
+    for piece in content:
+        if piece is not None and out and out[-1] is not None:
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return out
