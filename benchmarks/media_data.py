@@ -129,7 +129,7 @@ def _fullsize_sample(seed: int, index: int) -> dict[str, Any]:
     return {"__key__": f"{index:06d}", "jpg": buf.getvalue(), "txt": caption}
 
 
-def build_fullsize_photos(out_dir: str | Path | None = None, num_samples: int = 240,
+def build_fullsize_photos(out_dir: str | Path | None = None, num_samples: int = 320,
                           seed: int = 0, samples_per_shard: int = 40) -> MediaData:
     """Build (or reuse) `num_samples` captioned full-size photos (1-12 MP, JPEG q90)."""
     params = {"kind": "fullsize", "num_samples": num_samples, "seed": seed,
@@ -141,7 +141,7 @@ def build_fullsize_photos(out_dir: str | Path | None = None, num_samples: int = 
 
     sizes = [fullsize_dims(seed, i)[1] * fullsize_dims(seed, i)[2] / 1e6
              for i in range(num_samples)]
-    return _cached(out_dir, params, make, samples_per_shard, num_samples, sizes, None)
+    return _cached(out_dir, params, make, samples_per_shard, num_samples, sizes)
 
 
 # --- video clips ------------------------------------------------------------------
@@ -177,30 +177,60 @@ def clip_of(seed: int, index: int, lengths: Sequence[int]) -> int:
     return int(lengths[int(_rng(seed, index).integers(len(lengths)))])
 
 
-def build_video_clips(out_dir: str | Path | None = None, num_samples: int = 160,
-                      seed: int = 0, lengths: Sequence[int] = CLIP_SECONDS,
-                      samples_per_shard: int = 40) -> MediaData:
-    """Build (or reuse) one clip per length in `lengths` and `num_samples` samples, each
-    naming one of them (``{"video": "clips/clip-0300s.mp4"}``) with a caption."""
+def build_clips(lengths: Sequence[int] = CLIP_SECONDS, out_dir: str | Path | None = None
+                ) -> Path:
+    """Build (or reuse) one clip per length (:func:`clip_name` in the returned folder).
+
+    Clips are cached apart from the samples that name them (encoding five minutes
+    of video takes a minute), so another sample count reuses them."""
     lengths = tuple(int(s) for s in lengths)
+    params = {"kind": "clips", "lengths": list(lengths),
+              "clip": [CLIP_W, CLIP_H, CLIP_FPS, CLIP_GOP]}
+    out = Path(out_dir) if out_dir is not None else _folder(params)
+    try:
+        man = json.loads((out / MANIFEST).read_text())
+        if man.get("version") == VERSION and man.get("params") == params and all(
+                (out / n).is_file() and (out / n).stat().st_size == f["size"]
+                for n, f in man["files"].items()):
+            return out
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    (out / MANIFEST).unlink(missing_ok=True)
+    files = {}
+    for k, s in enumerate(lengths):
+        path = out / clip_name(s)
+        _encode_clip(s, k, path)
+        files[clip_name(s)] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    atomic_write(out / MANIFEST, json.dumps({"version": VERSION, "params": params,
+                                             "files": files}, indent=1))
+    return out
+
+
+def build_video_clips(out_dir: str | Path | None = None, num_samples: int = 240,
+                      seed: int = 0, lengths: Sequence[int] = CLIP_SECONDS,
+                      samples_per_shard: int = 40, clips_dir: str | Path | None = None
+                      ) -> MediaData:
+    """Build (or reuse) `num_samples` samples, each naming one clip of `lengths`
+    (``{"video": "clips/clip-0300s.mp4"}``) with a caption, and the clips
+    (:func:`build_clips`; in `clips_dir`, default: their own folder of the cache)."""
+    lengths = tuple(int(s) for s in lengths)
+    folder = build_clips(lengths, clips_dir)
     params = {"kind": "video", "num_samples": num_samples, "seed": seed,
               "lengths": list(lengths), "samples_per_shard": samples_per_shard,
-              "clip": [CLIP_W, CLIP_H, CLIP_FPS, CLIP_GOP]}
+              "clips": str(folder)}
     sizes = [float(clip_of(seed, i, lengths)) for i in range(num_samples)]
 
     def make() -> Iterator[dict[str, Any]]:
+        names = sorted(PHOTOS)
         for i in range(num_samples):
             s = clip_of(seed, i, lengths)
-            names = sorted(PHOTOS)
             what = PHOTOS[names[lengths.index(s) % len(names)]]
             yield {"__key__": f"{i:06d}", "json": {"video": clip_name(s)},
                    "txt": f"A {s}-second clip that slowly pans across {what}."}
 
-    def clips(tmp: Path) -> None:
-        for k, s in enumerate(lengths):
-            _encode_clip(s, k, tmp / clip_name(s))
-
-    return _cached(out_dir, params, make, samples_per_shard, num_samples, sizes, clips)
+    data = _cached(out_dir, params, make, samples_per_shard, num_samples, sizes)
+    data.video_folder = folder
+    return data
 
 
 # --- the cache ----------------------------------------------------------------------
@@ -228,16 +258,15 @@ def _from_manifest(out: Path, params: dict, sizes: list[float]) -> MediaData | N
                for n, f in files.items()):
             return None
         return MediaData(out, [out / n for n in man["shards"]], man["num_samples"],
-                         man["num_images"], man["total_bytes"],
-                         out if man["videos"] else None, False, man["build_seconds"],
+                         man["num_images"], man["total_bytes"], None, False,
+                         man["build_seconds"],
                          {n: f["sha256"] for n, f in files.items()}, sizes)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _cached(out_dir: str | Path | None, params: dict, make: Callable[[], Iterator[dict]],
-            samples_per_shard: int, num_samples: int, sizes: list[float],
-            extra: Callable[[Path], None] | None) -> MediaData:
+            samples_per_shard: int, num_samples: int, sizes: list[float]) -> MediaData:
     """The build in `out_dir` (default: a folder of zephon's cache named after `params`)
     if its manifest matches; else build it in a temporary folder and move it in, the
     manifest last (a crashed build never looks complete)."""
@@ -258,8 +287,6 @@ def _cached(out_dir: str | Path | None, params: dict, make: Callable[[], Iterato
             yield s
 
     try:
-        if extra is not None:
-            extra(tmp)
         written = write_shards(counted(), tmp, "bench", samples_per_shard)
         files = [p for p in sorted(tmp.rglob("*")) if p.is_file()]
         for p in files:
@@ -272,12 +299,11 @@ def _cached(out_dir: str | Path | None, params: dict, make: Callable[[], Iterato
     entries = {n: {"size": (out / n).stat().st_size, "sha256": _sha256(out / n)} for n in names}
     shards = [str(p.relative_to(tmp)) for p in written]
     data = MediaData(out, [out / n for n in shards], num_samples, images,
-                     sum(e["size"] for e in entries.values()),
-                     out if extra is not None else None, True,
+                     sum(e["size"] for e in entries.values()), None, True,
                      round(time.perf_counter() - t0, 2),
                      {n: e["sha256"] for n, e in entries.items()}, sizes)
     atomic_write(out / MANIFEST, json.dumps({
         "version": VERSION, "params": params, "shards": shards, "files": entries,
         "num_samples": num_samples, "num_images": images, "total_bytes": data.total_bytes,
-        "videos": extra is not None, "build_seconds": data.build_seconds}, indent=1))
+        "build_seconds": data.build_seconds}, indent=1))
     return data

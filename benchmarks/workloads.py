@@ -4,12 +4,14 @@
   pixels a side, captions, conversations, interleaved documents, 6 short
   clips); S = 2048, 16 rows per batch: the benchmark as it always was.
 * ``fullsize``: captioned photos of 1-12 megapixels, JPEG quality 90
-  (:func:`~zephon_bench.media_data.build_fullsize_photos`); S = 2048, 4 rows
-  per batch (a row holds about 3 photos at ``max_pixels`` = 512 x 28 x 28, so
-  a run still delivers dozens of batches to measure a rate on).
+  (:func:`~zephon_bench.media_data.build_fullsize_photos`); S = 2048, 8 rows
+  per batch (a row holds about 3 photos at ``max_pixels`` = 512 x 28 x 28; 8
+  rows, one per lane, is the smallest global batch of the 8-lane recipe, so a
+  run still delivers dozens of batches to measure a rate on).
 * ``video``: samples naming clips of 10 s to 5 min
   (:func:`~zephon_bench.media_data.build_video_clips`), 16 frames kept per
-  clip at up to 128 x 28 x 28 pixels a frame; S = 4096, 2 rows per batch.
+  clip at up to 128 x 28 x 28 pixels a frame (about 960 tokens a clip, two
+  clips a row); S = 2048, 8 rows per batch.
 * ``<name>+busy``: the same, with a neighbour process keeping one core busy
   for the whole run (:mod:`zephon_bench.neighbour`); each loader's rate is
   reported as a share of its rate on ``<name>`` in the same run.
@@ -27,8 +29,8 @@ from typing import Any
 BASES = ("photos", "fullsize", "video")
 BUSY = "+busy"
 #: shards of 40 samples; --quick uses the first of them
-FULL_SAMPLES = {"fullsize": 240, "video": 160}
-QUICK_SHARDS = {"fullsize": 2, "video": 2}
+FULL_SAMPLES = {"fullsize": 320, "video": 240}
+QUICK_SHARDS = {"fullsize": 4, "video": 3}
 VIDEO_MAX_PIXELS = 128 * 28 * 28
 
 
@@ -77,10 +79,10 @@ def workload_settings(base: str, quick: bool) -> dict[str, Any]:
 
     if base == "fullsize":
         data = build_fullsize_photos(num_samples=FULL_SAMPLES["fullsize"])
-        spec: dict[str, Any] = {"seq_len": 2048, "batch_rows": 4}
+        spec: dict[str, Any] = {"seq_len": 2048, "batch_rows": 8}
     elif base == "video":
         data = build_video_clips(num_samples=FULL_SAMPLES["video"])
-        spec = {"seq_len": 4096, "batch_rows": 2, "video_max_pixels": VIDEO_MAX_PIXELS,
+        spec = {"seq_len": 2048, "batch_rows": 8, "video_max_pixels": VIDEO_MAX_PIXELS,
                 "video_folder": str(data.video_folder)}
     else:
         raise ValueError(f"no settings for workload {base!r}")

@@ -78,13 +78,19 @@ def test_video_build_is_deterministic_cached_and_of_the_given_lengths(tmp_path: 
 
     from zephon_vl import WebDatasetReader
 
-    a = media_data.build_video_clips(tmp_path / "a", num_samples=5, lengths=(1, 2),
-                                     samples_per_shard=3)
-    b = media_data.build_video_clips(tmp_path / "b", num_samples=5, lengths=(1, 2),
-                                     samples_per_shard=3)
-    assert a.built and a.sha256 == b.sha256 and a.video_folder == tmp_path / "a"
-    assert not media_data.build_video_clips(tmp_path / "a", num_samples=5, lengths=(1, 2),
-                                            samples_per_shard=3).built
+    def build(name: str) -> media_data.MediaData:
+        return media_data.build_video_clips(tmp_path / name, num_samples=5, lengths=(1, 2),
+                                            samples_per_shard=3, clips_dir=tmp_path / f"c{name}")
+
+    a, b = build("a"), build("b")
+    assert a.built and a.sha256 == b.sha256 and a.video_folder == tmp_path / "ca"
+    for s in (1, 2):
+        assert (tmp_path / "ca" / media_data.clip_name(s)).read_bytes() == \
+            (tmp_path / "cb" / media_data.clip_name(s)).read_bytes()
+    clip = tmp_path / "ca" / media_data.clip_name(2)
+    mtime = clip.stat().st_mtime_ns
+    again = build("a")
+    assert not again.built and clip.stat().st_mtime_ns == mtime  # samples and clips reused
     for s in (1, 2):
         path = a.video_folder / media_data.clip_name(s)
         head = path.read_bytes()[:4096]
@@ -109,8 +115,8 @@ def test_video_workload_keeps_16_frames_of_a_referenced_clip(tmp_path: Path) -> 
 
     from zephon_core import qwen_tokenizer_dir
 
-    d = media_data.build_video_clips(tmp_path, num_samples=2, lengths=(10,),
-                                     samples_per_shard=2)
+    d = media_data.build_video_clips(tmp_path / "s", num_samples=2, lengths=(10,),
+                                     samples_per_shard=2, clips_dir=tmp_path / "c")
     spec = WorkSpec(tuple(str(p) for p in d.shards), str(qwen_tokenizer_dir()),
                     seq_len=4096, batch_rows=2, num_lanes=1, shuffle_buffer=1,
                     video_max_pixels=128 * 28 * 28, video_folder=str(d.video_folder))
