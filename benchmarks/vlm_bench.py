@@ -693,7 +693,9 @@ def run(args: argparse.Namespace) -> int:
             w = workload_settings(base, quick)
             spec = WorkSpec(tuple(w["shards"]), str(qwen_tokenizer_dir()), draft=args.draft,
                             epochs=epochs, normalize=args.normalize, **w["spec"])
-            info = {"samples": w["samples"], "data": str(w["root"])}
+            info = {"samples": w["samples"], "data": str(w["root"]),
+                    "images": w["samples"] if base == "fullsize" else 0,
+                    "videos": w["samples"] if base == "video" else 0}
         # index the shards once here, so no run pays for it
         reader = WebDatasetReader(list(spec.shards))
         for s in range(reader.num_shards):
