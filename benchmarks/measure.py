@@ -53,15 +53,19 @@ class Series:
     tree_procs: list[int] = field(default_factory=list)
     shm: list[float] = field(default_factory=list)
     root_cpu: list[float] = field(default_factory=list)
+    #: CPU seconds of the processes asked to run beside the tree (the busy neighbour)
+    neighbour_cpu: list[float] = field(default_factory=list)
 
     def at(self, name: str, t: float) -> float:
         return float(np.interp(t, self.t, getattr(self, name)))
 
 
 class TreeMonitor(threading.Thread):
-    """Polls a process tree until the root exits (or `stop()`)."""
+    """Polls a process tree until the root exits (or `stop()`); `neighbours`: processes
+    that run beside it on purpose (their CPU is neither the tree's nor outside load)."""
 
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
+    def __init__(self, pid: int, interval: float = 0.2,
+                 neighbours: tuple[int, ...] = ()) -> None:
         super().__init__(name="bench-monitor", daemon=True)
         self.root = psutil.Process(pid)
         self.interval = interval
@@ -69,6 +73,8 @@ class TreeMonitor(threading.Thread):
         self._procs: dict[int, psutil.Process] = {pid: self.root}
         self._cpu: dict[int, float] = {}
         self._halt = threading.Event()
+        self._neighbours = [psutil.Process(p) for p in neighbours]
+        self._neighbour_cpu: dict[int, float] = {}
         self.poll()
 
     def poll(self) -> None:
@@ -101,6 +107,13 @@ class TreeMonitor(threading.Thread):
         s.tree_procs.append(alive)
         s.shm.append(shmem_bytes())
         s.root_cpu.append(self._cpu.get(self.root.pid, 0.0))
+        for proc in self._neighbours:
+            try:
+                ct = proc.cpu_times()
+                self._neighbour_cpu[proc.pid] = ct.user + ct.system
+            except psutil.Error:
+                pass
+        s.neighbour_cpu.append(sum(self._neighbour_cpu.values()))
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):
@@ -151,10 +164,14 @@ def metrics(result: dict, series: Series, warm_frac: float = 0.2,
     tree_all = series.at("tree_cpu", t_end) - series.at("tree_cpu", t0)
     busy_all = series.at("machine_busy", t_end) - series.at("machine_busy", t0)
     self_all = series.at("self_cpu", t_end) - series.at("self_cpu", t0)
-    outside = max(0.0, busy_all - tree_all - self_all) / (NCPU * max(total_wall, 1e-9))
+    nb_all = nb_w = 0.0
+    if series.neighbour_cpu:
+        nb_all = series.at("neighbour_cpu", t_end) - series.at("neighbour_cpu", t0)
+        nb_w = series.at("neighbour_cpu", tb) - series.at("neighbour_cpu", ta)
+    outside = max(0.0, busy_all - tree_all - self_all - nb_all) / (NCPU * max(total_wall, 1e-9))
     busy_w = series.at("machine_busy", tb) - series.at("machine_busy", ta)
     self_w = series.at("self_cpu", tb) - series.at("self_cpu", ta)
-    outside_w = max(0.0, busy_w - cpu_win - self_w) / (NCPU * dt)
+    outside_w = max(0.0, busy_w - cpu_win - self_w - nb_w) / (NCPU * dt)
     tally = result["tally"]
     # zephon's delivered-batch runs: its last process stage's rate over the same window
     groups = result.get("extra", {}).get("stage_groups")
@@ -182,4 +199,6 @@ def metrics(result: dict, series: Series, warm_frac: float = 0.2,
         "wall_s": total_wall,
         "overall_samples_per_s": tally["samples"] / max(total_wall, 1e-9),
         "cpu_s_total": tree_all,
+        # the busy neighbour's share of the machine over the run (0 without one)
+        "neighbour_cores": nb_all / max(total_wall, 1e-9),
     }

@@ -49,6 +49,7 @@ def markdown(report: dict) -> str:
                 op = "<=" if key == "peak_pss_vs_grain" else ">="
                 lines.append(f"| `{key}` ({label}) | **{_f(e2e[key], 2)}** | "
                              + (f"{op} {target}" if target else "") + " |")
+    lines += workload_lines(report)
     if report.get("configs"):
         lines += ["", "Worker stage (processed documents reaching the main process; "
                   "packed there, no collate):", "", HEADER, ALIGN]
@@ -76,6 +77,68 @@ def markdown(report: dict) -> str:
     if report.get("warnings"):
         lines += [""] + [f"- warning: {w}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"
+
+
+WORKLOAD_FAMILIES = ("grain", "torch", "spdl", "energon", "limit")
+
+
+def workload_table(report: dict) -> list[str]:
+    """One line per workload: zephon's default and each loader's best delivered samples/s
+    (with the busy neighbour: and, in brackets, the share of the same loader's quiet
+    rate), zephon's ratios, first batch and peak PSS."""
+    workloads = report.get("workloads") or {}
+    rows = []
+    for name, w in workloads.items():
+        e = w.get("e2e")
+        if not e:
+            continue
+        share = e.get("share_of_quiet") or {}
+        med = {c["name"]: c["median"] for c in w["e2e_configs"]}
+        z = med.get("zephon default", {})
+
+        def cell(fam: str, rate: float | None, share: dict = share) -> str:
+            return _f(rate) + (f" ({_f(share.get(fam), 2)})" if fam in share else "")
+
+        def best(fam: str, key: str, e: dict = e, med: dict = med) -> float | None:
+            n = e["best"].get(fam)
+            return med.get(n, {}).get(key) if n else None
+
+        rows.append(
+            f"| {name} | {w['settings'].get('samples', '-')} "
+            f"| {cell('zephon', e.get('zephon_default_samples_per_s'))} | "
+            + " | ".join(cell(f, e["samples_per_s"].get(f)) for f in WORKLOAD_FAMILIES)
+            + f" | {_f(e.get('ratio_vs_grain'), 2)} | {_f(e.get('ratio_vs_limit'), 2)} "
+            f"| {_f(z.get('ttfb_s'), 2)} / {_f(best('torch', 'ttfb_s'), 2)} "
+            f"| {_f(e.get('peak_pss_vs_grain'), 2)} "
+            f"| {sum(c['runs_disturbed'] for c in w['e2e_configs'])}"
+            f"/{sum(c['runs_ok'] + c['runs_disturbed'] for c in w['e2e_configs'])} |")
+    if not rows:
+        return []
+    return ["| workload | samples | zephon default | Grain | torch DataLoader | SPDL "
+            "| Megatron-Energon | raw limit | zephon / Grain | zephon / limit "
+            "| first batch s zephon / torch | PSS zephon / Grain | runs disturbed |",
+            "| --- |" + " ---: |" * 12, *rows]
+
+
+def workload_lines(report: dict) -> list[str]:
+    """The workloads' table and, for each workload but the first, its full table."""
+    workloads = report.get("workloads") or {}
+    if not workloads or list(workloads) == ["photos"]:
+        return []
+    lines = ["", "Workloads (delivered samples/s: zephon's default and each loader's best; "
+             "with +busy, in brackets: the share of its rate without the neighbour):", "",
+             *workload_table(report)]
+    first = report["settings"].get("workload", "photos")
+    for name, w in workloads.items():
+        if name == first or not w.get("e2e"):
+            continue
+        st = w["settings"]
+        lines += ["", f"Workload `{name}` ({st.get('samples')} samples, seq_len "
+                  f"{st.get('seq_len')}, {st.get('batch_rows')} rows/batch"
+                  + (", a neighbour keeps one core busy" if w.get("busy_neighbour") else "")
+                  + "):", "", HEADER, ALIGN]
+        lines += _rows(w["e2e_configs"], set(w["e2e"]["best"].values()))
+    return lines
 
 
 def _rows(configs: list[dict], best: set[str]) -> list[str]:

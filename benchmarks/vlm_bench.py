@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=float, default=None,
                    help="fraction of the samples before the steady state (default 0.2)")
     p.add_argument("--draft", action="store_true", help="JPEG draft decoding for all loaders")
+    p.add_argument("--workload", default="photos", metavar="WORKLOADS",
+                   help="comma-separated: photos (the demo data, default), fullsize (1-12 "
+                        "megapixel photos), video (clips of 10 s to 5 min), each also as "
+                        "NAME+busy (a neighbour process keeps one core busy; rates also as "
+                        "a share of the quiet ones); all = the three, then the three +busy. "
+                        "Data is built once and cached (docs/benchmarks.md, Workloads)")
     p.add_argument("--only", default=None, metavar="FAMILIES",
                    help="comma-separated subset of zephon,grain,torch,spdl,energon,limit")
     p.add_argument("--modes", default="e2e,worker", metavar="MODES",
@@ -241,9 +247,23 @@ E2E_END_FRAC = 0.75
 
 
 def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
-            warm_frac: float = 0.2, end_frac: float = 0.9) -> dict:
-    """Fork a child that runs one configuration; watch its process tree until it ends."""
+            warm_frac: float = 0.2, end_frac: float = 0.9, busy: bool = False) -> dict:
+    """Fork a child that runs one configuration; watch its process tree until it ends.
+    `busy`: a neighbour process keeps one core busy from before the run starts to its end."""
+    from zephon_bench.neighbour import Neighbour
+
+    neighbour = Neighbour().start() if busy else None
+    try:
+        return _run_one(cfg, spec_json, logdir, timeout, tag, warm_frac, end_frac, neighbour)
+    finally:
+        if neighbour is not None:
+            neighbour.stop()
+
+
+def _run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
+             warm_frac: float, end_frac: float, neighbour: Any) -> dict:
     from zephon_bench.measure import TreeMonitor, metrics
+
 
     result_path = logdir / f"{tag}.result.json"
     log_path = logdir / f"{tag}.log"
@@ -268,7 +288,7 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    mon = TreeMonitor(pid)
+    mon = TreeMonitor(pid, neighbours=(neighbour.pid,) if neighbour is not None else ())
     mon.start()
     deadline = time.monotonic() + timeout
     status = None
@@ -362,7 +382,10 @@ def _release_grain_shm() -> None:
 # --- the whole benchmark ----------------------------------------------------------------
 
 def _key(cfg: dict) -> str:
-    return f"{cfg.get('mode', 'worker')}: {cfg['name']}"
+    """``e2e: zephon default`` (the photos workload), ``video+busy e2e: ...`` (others)."""
+    workload = cfg.get("workload", "photos")
+    prefix = "" if workload == "photos" else f"{workload} "
+    return f"{prefix}{cfg.get('mode', 'worker')}: {cfg['name']}"
 
 
 def check_tallies(runs: dict[str, list[dict]]) -> list[str]:
@@ -373,8 +396,9 @@ def check_tallies(runs: dict[str, list[dict]]) -> list[str]:
     out: list[str] = []
     ref: dict[str, tuple[str, tuple]] = {}
     for key, rs in runs.items():
-        scope, fields = ("e2e", (*common, "patches", "pixel_sum")) if key.startswith("e2e:") \
-            else ("worker", common)
+        # a workload with the busy neighbour delivers what the same workload does without
+        scope = key.split(":", 1)[0].replace("+busy", "")
+        fields = (*common, "patches", "pixel_sum") if scope.endswith("e2e") else common
         for r in rs:
             got = tuple(r["tally"].get(f) for f in fields)
             if scope not in ref:
@@ -505,6 +529,31 @@ def _summarize_e2e(report: dict) -> None:
     report["e2e_over_worker_stage"] = e2e["e2e_over_worker_stage"]
 
 
+def _summarize_workloads(report: dict) -> None:
+    """Each workload's delivered-batch block (as ``report["e2e"]``), and for each
+    ``NAME+busy`` run beside ``NAME``: every loader's rate as a share of its quiet rate
+    (its quiet best configuration, run in both)."""
+    workloads = report.get("workloads") or {}
+    for name, w in workloads.items():
+        sub = {"e2e_configs": w["e2e_configs"],
+               "configs": report.get("configs", []) if name == "photos" else []}
+        _summarize_e2e(sub)
+        w["e2e"] = sub.get("e2e")
+    for name, w in workloads.items():
+        quiet = workloads.get(name.removesuffix("+busy"))
+        if not name.endswith("+busy") or not quiet or not quiet.get("e2e") or not w.get("e2e"):
+            continue
+        rate = {c["name"]: c["median"].get("samples_per_s") for c in w["e2e_configs"]}
+        share = {fam: _ratio(rate.get(cfg), quiet["e2e"]["samples_per_s"].get(fam))
+                 for fam, cfg in quiet["e2e"]["best"].items()}
+        zq = next((c["median"].get("samples_per_s") for c in quiet["e2e_configs"]
+                   if c["name"] == "zephon default"), None)
+        share["zephon"] = _ratio(rate.get("zephon default"), zq)
+        w["e2e"]["share_of_quiet"] = share
+        w["e2e"]["zephon_share_over_grain_share"] = _ratio(share.get("zephon"),
+                                                           share.get("grain"))
+
+
 def summarize(report: dict) -> dict:
     """Medians, each loader's best, the ratios, the scaling table and the warnings, from
     the runs in `report["configs"]` (worker stage) and `report["e2e_configs"]` (delivered
@@ -546,7 +595,10 @@ def summarize(report: dict) -> dict:
                     "Grain: mp_prefetch N workers, 1 read thread; limit: N processes"} \
             if table else {}
     _summarize_e2e(report)
-    every = configs + (report.get("e2e_configs") or [])
+    _summarize_workloads(report)
+    every = configs + (report.get("e2e_configs") or []) + [
+        c for name, w in (report.get("workloads") or {}).items()
+        if name != report["settings"].get("workload", "photos") for c in w["e2e_configs"]]
     disturbed = sum(c["runs_disturbed"] for c in every)
     limit = report["settings"].get("max_outside_load", 0.15)
     report["warnings"] = [
@@ -621,23 +673,46 @@ def run(args: argparse.Namespace) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="runs-", dir=out))
     machine = machine_info()
     ncpu = machine["nproc"]
-    ds = _data(args, samples)
-    spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
-                    draft=args.draft, epochs=epochs, normalize=args.normalize)
-    # index the shards once here, so no run pays for it
+    from zephon_bench.workloads import parse_workloads, workload_settings
+
     from zephon_vl import WebDatasetReader
 
-    reader = WebDatasetReader(list(spec.shards))
-    for s in range(reader.num_shards):
-        reader.index(s)
-    spec_json = spec.to_json()
-    e2e_spec = {**spec_json, "epochs": args.e2e_epochs or 2}
-    preload(spec_json)
+    workloads = parse_workloads(args.workload)
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"e2e", "worker"}:
         raise SystemExit(f"--modes takes e2e and/or worker, got {args.modes!r}")
-    cfgs = (e2e_configurations(quick, ncpu) if "e2e" in modes else []) + \
-        (configurations(quick, ncpu, not args.no_scaling) if "worker" in modes else [])
+    data: dict[str, dict] = {}  # base workload -> its data, spec and settings
+    for base in dict.fromkeys(w.base for w in workloads):
+        if base == "photos":
+            ds = _data(args, samples)
+            spec = WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()),
+                            draft=args.draft, epochs=epochs, normalize=args.normalize)
+            info = {"samples": ds.num_samples, "images": ds.num_images, "data": str(ds.root)}
+        else:
+            _say(f"zephon-vl bench: the {base} workload's data (built once, then cached)")
+            w = workload_settings(base, quick)
+            spec = WorkSpec(tuple(w["shards"]), str(qwen_tokenizer_dir()), draft=args.draft,
+                            epochs=epochs, normalize=args.normalize, **w["spec"])
+            info = {"samples": w["samples"], "data": str(w["root"]),
+                    "images": w["samples"] if base == "fullsize" else 0,
+                    "videos": w["samples"] if base == "video" else 0}
+        # index the shards once here, so no run pays for it
+        reader = WebDatasetReader(list(spec.shards))
+        for s in range(reader.num_shards):
+            reader.index(s)
+        spec_json = spec.to_json()
+        data[base] = {"spec": spec, "spec_json": spec_json, "info": info,
+                      "e2e_spec": {**spec_json, "epochs": args.e2e_epochs or 2}}
+        preload(spec_json)
+    first = data[workloads[0].base]
+    spec, spec_json = first["spec"], first["spec_json"]
+    cfgs = []
+    if "e2e" in modes:
+        for w in workloads:
+            cfgs += [{**c, "workload": w.name} for c in e2e_configurations(quick, ncpu)]
+    if "worker" in modes and "photos" in data:  # the worker stage: today's photos only
+        cfgs += [{**c, "workload": "photos"}
+                 for c in configurations(quick, ncpu, not args.no_scaling)]
     if args.only:
         keep = set(args.only.split(","))
         cfgs = [c for c in cfgs if c["family"] in keep]
@@ -645,12 +720,15 @@ def run(args: argparse.Namespace) -> int:
         from zephon_bench.energon_e2e import prepare
 
         # `energon prepare` on a copy (it writes .nv-meta/ beside the shards), outside the runs
-        edata = prepare(spec, out / "energon-data")
-        for c in cfgs:
-            if c["family"] == "energon":
-                c["params"] = {**c["params"], "data": str(edata)}
-    _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), {ds.num_samples} "
-         f"samples in {len(spec.shards)} shards ({ds.root}), {ncpu} cores, "
+        for base, d in data.items():
+            edata = prepare(d["spec"], out / ("energon-data" if base == "photos"
+                                              else f"energon-data-{base}"))
+            for c in cfgs:
+                if c["family"] == "energon" and c["workload"].removesuffix("+busy") == base:
+                    c["params"] = {**c["params"], "data": str(edata)}
+    _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), workloads "
+         + ", ".join(f"{w.name} ({data[w.base]['info']['samples']} samples)" for w in workloads)
+         + f", {ncpu} cores, "
          f"PIL {machine['pillow_backend']}; logs in {logdir}")
     from zephon_bench.measure import NCPU, machine_busy_seconds
 
@@ -683,12 +761,15 @@ def run(args: argparse.Namespace) -> int:
         while True:
             if wait_each > 0:
                 wait_for_quiet()
-            tag = f"r{rep}-a{attempt}-{cfg['mode']}-" + "".join(
+            tag = f"r{rep}-a{attempt}-{cfg['workload']}-{cfg['mode']}-" + "".join(
                 ch if ch.isalnum() else "_" for ch in cfg["name"])
+            d = data[cfg["workload"].removesuffix("+busy")]
+            busy = cfg["workload"].endswith("+busy")
             if cfg["mode"] == "e2e":
-                r = run_one(cfg, e2e_spec, logdir, timeout, tag, warm, E2E_END_FRAC)
+                r = run_one(cfg, d["e2e_spec"], logdir, timeout, tag, warm, E2E_END_FRAC,
+                            busy=busy)
             else:
-                r = run_one(cfg, spec_json, logdir, timeout, tag, warm)
+                r = run_one(cfg, d["spec_json"], logdir, timeout, tag, warm, busy=busy)
             if not r["ok"]:
                 failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
                 _say(f"  FAILED {cfg['name']}: {r['error']}")
@@ -697,7 +778,7 @@ def run(args: argparse.Namespace) -> int:
             r["disturbed"] = m["outside_load"] > args.max_outside_load
             r["rep"], r["attempt"] = rep, attempt
             runs[_key(cfg)].append(r)
-            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {_key(cfg)[:50]:<50} "
+            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {_key(cfg)[:60]:<60} "
                  f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
                  f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
                  f"outside {100 * m['outside_load']:3.0f}%"
@@ -712,10 +793,10 @@ def run(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         measure(cfg, 0)
     finals = [c for c in cfgs if c["name"] == "zephon default"]
-    for mode in modes:
+    for scope in dict.fromkeys((c["workload"], c["mode"]) for c in cfgs):
         for fam in FAMILIES:
-            cands = [c for c in cfgs if c["mode"] == mode and c["family"] == fam
-                     and runs[_key(c)]]
+            cands = [c for c in cfgs if (c["workload"], c["mode"]) == scope
+                     and c["family"] == fam and runs[_key(c)]]
             if cands:
                 top = max(cands, key=lambda c: _median(_usable(runs[_key(c)]), "samples_per_s"))
                 if top not in finals:
@@ -739,20 +820,30 @@ def run(args: argparse.Namespace) -> int:
                                    "plan": r["extra"].get("plan"),
                                    "tally": r["tally"]} for r in runs[_key(c)]]}
                    for c in cfgs]
-    tally = runs[_key(cfgs[0])][0]["tally"] if runs[_key(cfgs[0])] else {}
+    tally = runs[_key(cfgs[0])][0]["tally"] if cfgs and runs[_key(cfgs[0])] else {}
+    first_name = workloads[0].name
     report = {
         "format": "zephon-vl-bench", "version": 1,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full", "reps": reps, "machine": machine,
         "command": " ".join(["zephon-vl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"]
         else " ".join(sys.argv),
-        "settings": {**spec_json, "samples": ds.num_samples, "images": ds.num_images,
-                     "data": str(ds.root), "delivered": tally,
+        "settings": {**spec_json, **first["info"], "delivered": tally,
+                     "workload": first_name,
                      "max_outside_load": args.max_outside_load, "warmup": warm,
-                     "machine_load_before": load_before, "e2e_epochs": e2e_spec["epochs"],
+                     "machine_load_before": load_before,
+                     "e2e_epochs": first["e2e_spec"]["epochs"],
                      "e2e_window": [warm, E2E_END_FRAC]},
         "configs": [c for c in configs_out if c["mode"] == "worker"],
-        "e2e_configs": [c for c in configs_out if c["mode"] == "e2e"],
+        # the first workload's delivered-batch runs (``photos`` unless --workload says)
+        "e2e_configs": [c for c in configs_out if c["mode"] == "e2e"
+                        and c["workload"] == first_name],
+        "workloads": {w.name: {
+            "busy_neighbour": w.busy,
+            "settings": {**data[w.base]["spec_json"], **data[w.base]["info"],
+                         "e2e_epochs": data[w.base]["e2e_spec"]["epochs"]},
+            "e2e_configs": [c for c in configs_out if c["mode"] == "e2e"
+                            and c["workload"] == w.name]} for w in workloads},
         "scaling": {} if args.no_scaling or "worker" not in modes else None,
         "breakdown": breakdown,
         "checks": {"ok": not mismatches and not failures, "same_samples_and_tokens":

@@ -46,6 +46,10 @@ class WorkSpec:
     #: ``ImageSettings.normalize`` of the collate: "device" (uint8 rows + table, normalized
     #: by ``to_device`` on the accelerator) or "collate" (float32 rows made on the CPU)
     normalize: str = "device"
+    #: the folder the samples' video references are relative to (the video workload)
+    video_folder: str | None = None
+    #: ``VideoSettings.max_pixels_per_frame`` (None: the image settings' max_pixels)
+    video_max_pixels: int | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -62,6 +66,15 @@ class WorkSpec:
         return ImageSettings(max_pixels=self.max_pixels, draft=self.draft,
                              normalize=self.normalize)
 
+    def video_settings(self) -> Any:
+        """The recipe's `VideoSettings` (None: the recipe's default, as before workloads)."""
+        from zephon_vl import VideoSettings
+
+        if self.video_folder is None and self.video_max_pixels is None:
+            return None
+        return VideoSettings(max_pixels_per_frame=self.video_max_pixels,
+                             video_folder=self.video_folder)
+
     def recipe(self) -> Any:
         """zephon's VLM recipe over the shards, one epoch (every sample exactly once)."""
         from zephon_vl import vlm_recipe
@@ -69,6 +82,7 @@ class WorkSpec:
         return vlm_recipe(list(self.shards), self.tokenizer, seq_len=self.seq_len,
                           global_batch_size=self.batch_rows, num_lanes=self.num_lanes,
                           seed=self.seed, image=self.image_settings(),
+                          video=self.video_settings(),
                           max_images=self.max_images, shuffle_buffer=self.shuffle_buffer,
                           epochs=self.epochs, name="vlm-bench")
 

@@ -15,17 +15,20 @@ workers watch their parent and remove the pool's files once it is gone.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -121,6 +124,35 @@ def _driver_alive(conn: Connection, parent: int) -> bool:
         if os.getppid() != parent:
             return False
     return True
+
+
+@contextlib.contextmanager
+def _lean_spawn(start_method: str, fn_bytes: bytes) -> Iterator[None]:
+    """Processes spawned inside skip the parent's ``__main__`` unless `fn_bytes` needs it.
+
+    Spawn runs the parent's main module (a training script, the ``zephon-vl``
+    command: torch and more) in every new process before unpickling its target:
+    seconds and about 140 MB per worker before the first batch. A stage whose
+    pickle names nothing of ``__main__`` never needs that, so while a worker is
+    started the main module shows spawn no name or path to run (restored right
+    after, under one lock: pools start replacements from their own threads).
+    """
+    main = sys.modules.get("__main__")
+    if start_method != "spawn" or main is None or b"__main__" in fn_bytes:
+        yield
+        return
+    with _MAIN_LOCK:
+        saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+        main.__dict__["__spec__"] = None
+        main.__dict__.pop("__file__", None)
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+_MAIN_LOCK = threading.Lock()
 
 
 def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
@@ -279,7 +311,8 @@ class ProcessRunner(Runner):
         p = self._ctx.Process(target=_worker_main,
                               args=(child, self._fn_bytes, self.prefix, self.pool_bytes),
                               name=f"zephon-{self.name}-{i}", daemon=True)
-        p.start()
+        with _lean_spawn(self._ctx.get_start_method(), self._fn_bytes):
+            p.start()
         child.close()
         self._procs[i] = p
         self._conns[i] = parent
