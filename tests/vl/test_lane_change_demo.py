@@ -12,6 +12,7 @@ the re-dealt state alone) and none of them listed before the change.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import defaultdict
 
@@ -67,12 +68,24 @@ class Listed:
 def saved(name: str, L: int, steps: int, ex: Execution, listed: Listed | None) -> str:
     with ElasticRun(lambda: load_recipe(name, num_lanes=L, epochs=1), ex, digests=True) as run:
         sim = run.ranks(2)
-        for _ in range(steps):
-            out = sim.global_step()
-            assert out is not None
-            if listed is not None:
-                listed.line(out.ledger)
-        return sim.state_json()
+        try:
+            for _ in range(steps):
+                out = sim.global_step()
+                assert out is not None
+                if listed is not None:
+                    listed.line(out.ledger)
+            return sim.state_json()
+        finally:
+            close(sim)
+
+
+def close(sim) -> None:
+    """Close the ranks' loaders now: a vlm-demo loader of 16 lanes holds about 1 GB of
+    decoded images, and its reference cycles wait for the cyclic collector."""
+    for loader in sim.loaders:
+        loader.close()
+    sim.loaders.clear()
+    gc.collect()
 
 
 def new_lane_samples(state: dict, recipe) -> set[tuple]:
@@ -113,6 +126,7 @@ def test_lane_change_over_a_full_epoch(name, L, L2):
             if D2 == 1:
                 for loader in sim.loaders:
                     after.drained(loader.drain())
+            close(sim)
             digests[label] = got
     assert len(digests["D2=1"]) >= 4, digests["D2=1"]
     for label, got in digests.items():
@@ -142,3 +156,18 @@ def test_digest_command_resume_lanes(capsys):
     d4 = {r["step"]: r["sha256"] for r in recs if r["phase"] == "resumed@3" and r["dp"] == 4}
     assert sorted(d1) == list(range(3, 8)) and d1 == d4
     assert d1 != {t: run[t] for t in d1}  # 16 lanes make other batches than 8
+
+
+def test_inspect_shows_the_lane_change(tmp_path, capsys):
+    from zephon_core import Loader, save_state
+    from zephon_vl.cli.main import main
+
+    with Loader(load_recipe("text-demo", num_lanes=4), 0, 1, Execution(runner="inline")) as ld:
+        for _ in range(3):
+            ld.next_rows()
+        state = json.loads(json.dumps(ld.state_dict()))
+    save_state(change_lanes(state, load_recipe("text-demo", num_lanes=8)), tmp_path / "s.json")
+    assert main(["inspect", str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert "lane count changed on resume: 4 -> 8 lanes at step 3" in out
+    assert "L=8 lanes" in out
