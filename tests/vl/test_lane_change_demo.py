@@ -12,6 +12,7 @@ the re-dealt state alone) and none of them listed before the change.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 from collections import defaultdict
@@ -86,6 +87,10 @@ def close(sim) -> None:
         loader.close()
     sim.loaders.clear()
     gc.collect()
+    try:  # give the freed pages back (glibc keeps them in its arenas otherwise)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
 
 
 def new_lane_samples(state: dict, recipe) -> set[tuple]:
@@ -114,7 +119,9 @@ def test_lane_change_over_a_full_epoch(name, L, L2):
     after = Listed()
     with ElasticRun(lambda: load_recipe(name, num_lanes=L2, epochs=1),
                     Execution(runner="inline"), digests=True) as run:
-        for label, D2, st in [("D2=1", 1, state), ("D2=2", 2, state), ("D2=4", 4, state),
+        # D2 = 1, 4 from the inline save and D2 = 2 from the processes save: one digest list
+        # for all three proves both (a full vlm-demo epoch per resume; four would be slower)
+        for label, D2, st in [("D2=1", 1, state), ("D2=4", 4, state),
                               ("processes, D2=2", 2, state_p)]:
             sim = run.ranks(D2)
             sim.load(st, allow_lane_change=True)
