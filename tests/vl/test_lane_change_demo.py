@@ -68,7 +68,7 @@ class Listed:
 
 def saved(name: str, L: int, steps: int, ex: Execution, listed: Listed | None) -> str:
     with ElasticRun(lambda: load_recipe(name, num_lanes=L, epochs=1), ex, digests=True) as run:
-        sim = run.ranks(2)
+        sim = run.ranks(2, run.recipe)  # one recipe (and tokenizer) for every rank set
         try:
             for _ in range(steps):
                 out = sim.global_step()
@@ -123,7 +123,7 @@ def test_lane_change_over_a_full_epoch(name, L, L2):
         # for all three proves both (a full vlm-demo epoch per resume; four would be slower)
         for label, D2, st in [("D2=1", 1, state), ("D2=4", 4, state),
                               ("processes, D2=2", 2, state_p)]:
-            sim = run.ranks(D2)
+            sim = run.ranks(D2, run.recipe)
             sim.load(st, allow_lane_change=True)
             got = []
             while (out := sim.global_step()) is not None:
