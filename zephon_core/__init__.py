@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "Backlog": "zephon_core.engine.backlog",
     "load_state": "zephon_core.engine.checkpoint",
     "merge_states": "zephon_core.engine.checkpoint",
+    "change_lanes": "zephon_core.engine.relane",
     "save_state": "zephon_core.engine.checkpoint",
     "SimulatedRanks": "zephon_core.engine.simulate",
     "run_digests": "zephon_core.engine.simulate",

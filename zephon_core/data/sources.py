@@ -12,6 +12,11 @@ weights: after `n` draws, dataset `j` has been drawn as close to `n * w_j` as
 integers allow. The stream therefore depends on the data, the seed, the
 weights and `L`, and on nothing else.
 
+After a lane-count change on resume (`engine.relane`), a lane's stream of each
+dataset is an explicit list of positions (the old lanes' leftovers dealt to
+it) followed by an arithmetic progression of stride `L2`, and the lane first
+draws the samples the old lanes held (`Relaned`). See docs/elastic-changes.md.
+
 With a mixture schedule (`Phase`s), the lane's draws are cut into phases at
 draw counts the lane decides deterministically (`engine.phases`); within a
 phase the deficit rule runs over that phase's weights and draws only, so each
@@ -189,6 +194,44 @@ def phase_weights(phases: Sequence[Phase], names: list[str],
 
 
 @dataclass
+class Relaned:
+    """A lane's streams after a lane-count change (`engine.relane`).
+
+    Draws ``base .. base + len(carry) - 1`` are `carry` (samples the old
+    lanes held, as ``(dataset, shard, index, epoch)``); draws ``0 .. base - 1``
+    are the documents of the rows the lane was given (not drawn again). After
+    the carry, the `c`-th draw of dataset `j` is position ``explicit[j][c]`` of
+    its order, or ``start[j] + (c - len(explicit[j])) * stride`` past the list.
+    """
+
+    base: int
+    carry: list[tuple[int, int, int, int]]
+    explicit: list[list[int]]
+    start: list[int]
+    stride: int
+
+    def position(self, j: int, c: int) -> int:
+        e = self.explicit[j]
+        return e[c] if c < len(e) else self.start[j] + (c - len(e)) * self.stride
+
+    @property
+    def mixed_from(self) -> int:
+        """The first draw of the mixture (after the given rows' documents and the carry)."""
+        return self.base + len(self.carry)
+
+    def to_json(self) -> dict:
+        return {"base": self.base, "carry": [list(c) for c in self.carry],
+                "explicit": [list(e) for e in self.explicit], "start": list(self.start),
+                "stride": self.stride}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Relaned:
+        return cls(int(d["base"]), [tuple(int(x) for x in c) for c in d["carry"]],  # type: ignore[misc]
+                   [[int(x) for x in e] for e in d["explicit"]], [int(x) for x in d["start"]],
+                   int(d["stride"]))
+
+
+@dataclass
 class SourceState:
     """Everything a lane's source needs to resume: draws so far, per dataset.
 
@@ -201,21 +244,26 @@ class SourceState:
     phase: int = 0
     phase_start: int = 0
     phase_counts: list[int] | None = None
+    #: after a lane-count change: the lane's re-dealt streams (absent before any)
+    relaned: Relaned | None = None
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"draws": self.draws, "counts": list(self.counts)}
         if self.phase_counts is not None:
             out.update(phase=self.phase, phase_start=self.phase_start,
                        phase_counts=list(self.phase_counts))
+        if self.relaned is not None:
+            out["relaned"] = self.relaned.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: dict) -> SourceState:
         counts = [int(c) for c in d["counts"]]
+        relaned = Relaned.from_json(d["relaned"]) if "relaned" in d else None
         if "phase_counts" not in d:
-            return cls(int(d["draws"]), counts)
+            return cls(int(d["draws"]), counts, relaned=relaned)
         return cls(int(d["draws"]), counts, int(d["phase"]), int(d["phase_start"]),
-                   [int(c) for c in d["phase_counts"]])
+                   [int(c) for c in d["phase_counts"]], relaned)
 
 
 def _normalized(weights: list[float]) -> list[float]:
@@ -278,6 +326,8 @@ class LaneSource:
         st = self.state
         if st.phase_counts is None:
             n, counts = st.draws + 1, st.counts
+            if st.relaned is not None:
+                n -= st.relaned.mixed_from
         elif self.token_estimate is not None:
             tokens = self.token_estimate(st.phase_counts)
             total = sum(tokens)
@@ -292,9 +342,16 @@ class LaneSource:
         """The next origin of this lane, or None at the end of the data."""
         if self.exhausted:
             return None
+        st = self.state
+        rl = st.relaned
+        if rl is not None and st.draws < rl.mixed_from:
+            ds, shard, index, epoch = rl.carry[st.draws - rl.base]
+            st.draws += 1
+            return Origin(st.draws - 1, ds, shard, index, epoch)
         j = self._choose()
         order = self.orders[j]
-        position = self.state.counts[j] * self.num_lanes + self.lane
+        position = (self.state.counts[j] * self.num_lanes + self.lane if rl is None
+                    else rl.position(j, self.state.counts[j]))
         if self.epochs is not None and position >= self.epochs * order.total:
             self.exhausted = True
             return None

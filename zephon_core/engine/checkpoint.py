@@ -48,8 +48,24 @@ def resized_of(state: Any) -> list[tuple[int, int]]:
     return [(int(s), int(g)) for s, g in found]
 
 
+#: the lane-count changes of the run's resumes, [[step, L, L2], ...]; absent when none
+LANES_KEY = "lane_changes"
+
+
+def lane_changes_of(state: Any) -> list[tuple[int, int, int]]:
+    """The (step, old L, new L) lane-count changes a state records; refuses a malformed list."""
+    found = state.get(LANES_KEY, []) if isinstance(state, dict) else []
+    if not (isinstance(found, list) and all(
+            isinstance(e, list) and len(e) == 3 and all(is_count(x) for x in e)
+            and e[1] > 0 and e[2] > 0 for e in found)):
+        raise CheckpointError(f"checkpoint is corrupt: {LANES_KEY} is not a list of "
+                              "[step, old lanes, new lanes]")
+    return [(int(s), int(a), int(b)) for s, a, b in found]
+
+
 def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int,
-               resized: list[tuple[int, int]] | None = None) -> dict:
+               resized: list[tuple[int, int]] | None = None,
+               lane_changes: list[tuple[int, int, int]] | None = None) -> dict:
     state = {
         "format": FORMAT,
         "version": VERSION,
@@ -61,6 +77,8 @@ def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: 
     }
     if resized:
         state[RESIZED_KEY] = [[s, g] for s, g in resized]
+    if lane_changes:
+        state[LANES_KEY] = [list(c) for c in lane_changes]
     state[CHECKSUM_KEY] = state_checksum(state)
     return state
 
@@ -135,10 +153,13 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
     diff = first_difference(state["fingerprint"], fingerprint, "fingerprint")
     if diff:
         path, theirs, ours = diff
+        hint = (" (or change the lane count on purpose: load_state_dict(state, "
+                "allow_lane_change=True), --resume-lanes; docs/elastic-changes.md)"
+                if path == "fingerprint.num_lanes" else "")
         raise CheckpointError(
             f"checkpoint was made with another recipe: {path} is {short_json(theirs)} in the "
-            f"checkpoint but {short_json(ours)} here. Restore with the same setting, or start a "
-            "new run")
+            f"checkpoint but {short_json(ours)} here. Restore with the same setting{hint}, or "
+            "start a new run")
     if state["num_lanes"] != fingerprint["num_lanes"]:
         raise CheckpointError(f"checkpoint is corrupt: num_lanes is {state['num_lanes']!r} but "
                               f"its fingerprint says {fingerprint['num_lanes']}")
@@ -148,6 +169,7 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
             f"checkpoint lacks the states of lanes {missing[:8]}: it is a rank-local state. "
             "Save the global state (state_dict() with torch.distributed initialized, or "
             "merge_states over all ranks) to resume on another rank count")
+    lane_changes_of(state)
     checker = LaneChecker(fingerprint, state["step"], ops, rows)
     for key, snap in state["lanes"].items():
         if not (key.isdigit() and int(key) < fingerprint["num_lanes"]):
@@ -168,8 +190,9 @@ def merge_states(states: list[dict]) -> dict:
     for s in states:
         if s.get("fingerprint_sha256") != first.get("fingerprint_sha256"):
             raise CheckpointError("cannot merge states of different recipes (fingerprints differ)")
-        if s.get(RESIZED_KEY) != first.get(RESIZED_KEY):
-            raise CheckpointError(f"cannot merge states that disagree on {RESIZED_KEY}")
+        for key in (RESIZED_KEY, LANES_KEY):
+            if s.get(key) != first.get(key):
+                raise CheckpointError(f"cannot merge states that disagree on {key}")
         if s.get("step") != first.get("step"):
             raise CheckpointError(f"cannot merge states of different steps: {first.get('step')} "
                                   f"and {s.get('step')}; take them at the same step boundary")
@@ -178,7 +201,7 @@ def merge_states(states: list[dict]) -> dict:
                 raise CheckpointError(f"two ranks disagree on the state of lane {k}")
             lanes[int(k)] = v
     return make_state(first["fingerprint"], first["step"], lanes, first["num_lanes"],
-                      resized_of(first))
+                      resized_of(first), lane_changes_of(first))
 
 
 def gather_global_state(local: dict) -> dict:

@@ -21,6 +21,7 @@ from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.checkpoint import (
     check_state,
     gather_global_state,
+    lane_changes_of,
     make_state,
     resized_of,
 )
@@ -31,6 +32,7 @@ from zephon_core.engine.metrics import WAIT_WARN_SHARE, LoaderMetrics, recorder_
 from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
+from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runners import Runner
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import ConfigError, ZephonError
@@ -139,6 +141,8 @@ class Loader:
         self.microbatches = microbatches
         #: global batch sizes a resume asked for: (step, G), in the state from then on
         self.resized: list[tuple[int, int]] = []
+        #: lane-count changes of the resumes so far: (step, old L, new L), in the state too
+        self.lane_changes: list[tuple[int, int, int]] = []
         self._set_batches()
         self.execution = execution or Execution()
         self.digests = digests or ledger is not None
@@ -155,6 +159,7 @@ class Loader:
         self.runners = runners if runners is not None else self.plan.make_runners()
         self.plan.release_driver_tokenizers()  # read while the recipe was built
         self.gather = gather
+        self._sizes = sizes
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
@@ -558,7 +563,7 @@ class Loader:
     def local_state_dict(self) -> dict:
         """This rank's lanes only, at the last step boundary delivered."""
         return make_state(self.fingerprint, self.step, self._snapshots, self.recipe.num_lanes,
-                          self.resized)
+                          self.resized, self.lane_changes)
 
     def state_dict(self) -> dict:
         """The global state when torch.distributed is initialized (identical on every rank).
@@ -574,13 +579,23 @@ class Loader:
                 return gather_global_state(local)
         return local
 
-    def load_state_dict(self, state: dict, global_batch_size: int | None = None) -> None:
+    def load_state_dict(self, state: dict, global_batch_size: int | None = None,
+                        allow_lane_change: bool = False) -> None:
         """Continue exactly where `state` was taken, on this loader's rank count.
 
         `global_batch_size` changes `G` from the state's step on (a multiple of
         `L`; until the next phase that sets one): the lanes' rows stay the same,
         only the steps that take them change (docs/elastic-changes.md).
+
+        `allow_lane_change=True` accepts a state of the same recipe with another
+        lane count: its remaining work is re-dealt to this recipe's lanes
+        (`zephon_core.change_lanes`, docs/elastic-changes.md), the same at every
+        rank count. Without it, another lane count is refused.
         """
+        if allow_lane_change and isinstance(state, dict) and \
+                state.get("num_lanes") != self.recipe.num_lanes:
+            with storage_settings(self.execution.storage()):
+                state = change_lanes(state, self.recipe, self._sizes, self.fingerprint)
         resized = resized_of(state)
         saved = BatchSchedule.build(self.recipe.num_lanes, self.recipe.global_batch_size,
                                     self.recipe.batch_sizes(), resized)
@@ -593,6 +608,7 @@ class Loader:
             resized = [*[c for c in resized if c[0] != step], (step, global_batch_size)]
         before = self.resized
         self.resized = resized
+        self.lane_changes = lane_changes_of(state)
         try:
             self._set_batches()
         except ConfigError:

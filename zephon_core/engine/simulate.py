@@ -114,10 +114,11 @@ class SimulatedRanks:
         return json.dumps(merge_states([ld.local_state_dict() for ld in self.loaders]),
                           sort_keys=True)
 
-    def load(self, state_json: str | dict, global_batch_size: int | None = None) -> None:
+    def load(self, state_json: str | dict, global_batch_size: int | None = None,
+             allow_lane_change: bool = False) -> None:
         state = json.loads(state_json) if isinstance(state_json, str) else state_json
         for loader in self.loaders:
-            loader.load_state_dict(state, global_batch_size)
+            loader.load_state_dict(state, global_batch_size, allow_lane_change)
 
     def explain(self) -> str:
         return self.loaders[0].explain()
@@ -172,9 +173,11 @@ class ElasticRun:
     def run(self, dp: int, steps: int, save_at: int | None = None,
             resume_dp: list[int] | None = None,
             on_state: Callable[[str], None] | None = None,
-            resume_global_batch_size: int | None = None) -> Iterator[StepRecord]:
+            resume_global_batch_size: int | None = None,
+            resume_recipe: Callable[[], Recipe] | None = None) -> Iterator[StepRecord]:
         """The uninterrupted run on `dp` ranks (phase ``run``), then each resume (``resumed@K``,
-        with `resume_global_batch_size` from step K on if given).
+        with `resume_global_batch_size` from step K on if given; on `resume_recipe`'s
+        recipe if given: another lane count is then changed on purpose).
 
         With `save_at`, the global state is taken after `save_at` steps (kept
         as `self.state`, passed to `on_state`) and, after the uninterrupted
@@ -195,16 +198,20 @@ class ElasticRun:
                 writer.close()
         for d2 in resume_dp or [dp]:
             yield from self.resume(self.state, d2, steps, f"resumed@{save_at}",
-                                   global_batch_size=resume_global_batch_size)
+                                   global_batch_size=resume_global_batch_size,
+                                   recipe=resume_recipe() if resume_recipe else None)
 
     def resume(self, state: str | dict, dp: int, steps: int,
                phase: str = "resumed", ledger: str | os.PathLike | None = None,
-               global_batch_size: int | None = None) -> Iterator[StepRecord]:
+               global_batch_size: int | None = None,
+               recipe: Recipe | None = None) -> Iterator[StepRecord]:
         """Restore `state` on `dp` ranks and run up to step `steps`; the restore time is
-        counted in the first step's seconds."""
-        sim = self.ranks(dp)
+        counted in the first step's seconds. With `recipe` (the same recipe with
+        another lane count), the lane count changes (`Loader.load_state_dict`'s
+        ``allow_lane_change``)."""
+        sim = self.ranks(dp, recipe)
         t0 = time.perf_counter()
-        sim.load(state, global_batch_size)
+        sim.load(state, global_batch_size, allow_lane_change=recipe is not None)
         restore_s = time.perf_counter() - t0
         if ledger is None and self.ledger is not None:
             ledger = resumed_ledger_path(self.ledger, dp)
@@ -236,15 +243,18 @@ def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,
                 resume_dp: list[int] | None = None,
                 on_state: Callable[[str], None] | None = None,
                 ledger: str | os.PathLike | None = None,
-                resume_global_batch_size: int | None = None) -> Iterator[StepRecord]:
+                resume_global_batch_size: int | None = None,
+                resume_recipe: Callable[[], Recipe] | None = None) -> Iterator[StepRecord]:
     """Yield one record per global step of the uninterrupted run on `dp` ranks.
 
     With `save_at`, the global state is also taken after `save_at` steps and,
     after the uninterrupted run, restored on each of `resume_dp` (phase
-    ``resumed@K``), whose records follow. See `ElasticRun` for `ledger`.
+    ``resumed@K``; on `resume_recipe`'s recipe, another lane count, if given),
+    whose records follow. See `ElasticRun` for `ledger`.
     """
     with ElasticRun(make_recipe, execution, ledger) as run:
-        yield from run.run(dp, steps, save_at, resume_dp, on_state, resume_global_batch_size)
+        yield from run.run(dp, steps, save_at, resume_dp, on_state, resume_global_batch_size,
+                           resume_recipe)
 
 
 def gathered_batch_digest(local: dict) -> str | None:

@@ -163,9 +163,11 @@ class LaneChecker:
         if len(src["counts"]) != len(self.shards):
             raise self.fail(lane, "source.counts", f"has {len(src['counts'])} entries for "
                             f"{len(self.shards)} datasets")
-        if sum(src["counts"]) != src["draws"]:
+        mixed_from = self._check_relaned(lane, src) if "relaned" in src else 0
+        if sum(src["counts"]) != max(0, src["draws"] - mixed_from):
             raise self.fail(lane, "source", f"counts {src['counts']} do not add up to draws "
-                            f"{src['draws']}")
+                            f"{src['draws']}" + (f" past the relaned lane's first {mixed_from}"
+                                                 if mixed_from else ""))
         if any("weights" in p for p in self.fingerprint.get("phases", [])) or \
                 self.fingerprint.get("mix_by") == "tokens":
             self._check_phases(lane, snap)
@@ -210,6 +212,38 @@ class LaneChecker:
         dropped = snap["dropped"]
         if not (isinstance(dropped, dict) and all(is_count(v) for v in dropped.values())):
             raise self.fail(lane, "dropped", "is not a mapping of reasons to counts")
+
+    def _check_relaned(self, lane: int, src: dict) -> int:
+        """A lane re-dealt by a lane-count change (`engine.relane`); returns its first mixture
+        draw."""
+        rl = src["relaned"]
+        n = len(self.shards)
+        if not (isinstance(rl, dict) and is_count(rl.get("base"))
+                and isinstance(rl.get("carry"), list) and isinstance(rl.get("explicit"), list)
+                and len(rl["explicit"]) == n and isinstance(rl.get("start"), list)
+                and len(rl["start"]) == n and all(is_count(a) for a in rl["start"])
+                and rl.get("stride") == self.fingerprint["num_lanes"]):
+            raise self.fail(lane, "source.relaned", "is not {base, carry, explicit, start, "
+                            f"stride}} for {n} datasets and stride num_lanes")
+        if any("weights" in p for p in self.fingerprint.get("phases", [])) or \
+                self.fingerprint.get("mix_by") == "tokens":
+            raise self.fail(lane, "source.relaned", "is set in a run with a mixture schedule, "
+                            "which a lane-count change refuses")
+        for c in rl["carry"]:
+            if not isinstance(c, list) or len(c) != 4:
+                raise self.fail(lane, "source.relaned.carry", f"holds {json.dumps(c)[:80]}, not "
+                                "[dataset, shard, index, epoch]")
+            self.origin(lane, "source.relaned.carry", [0, *c], 1)
+        for j, e in enumerate(rl["explicit"]):
+            if not (isinstance(e, list) and all(is_count(x) for x in e)
+                    and all(a < b for a, b in zip(e, e[1:], strict=False))):
+                raise self.fail(lane, f"source.relaned.explicit[{j}]", "is not an increasing "
+                                "list of positions")
+        mixed_from = rl["base"] + len(rl["carry"])
+        if src["draws"] < rl["base"]:
+            raise self.fail(lane, "source.draws", f"is {src['draws']}, below the relaned "
+                            f"lane's base {rl['base']}")
+        return mixed_from
 
     def _check_phases(self, lane: int, snap: dict) -> None:
         """A phased lane: its phase counters and its gate (engine.phases)."""

@@ -108,6 +108,11 @@ class StatefulOp(Operator):
 class AccumulatorOp(StatefulOp):
     """An operator whose work is an `Accumulator` per lane."""
 
+    def origins_in_state(self, state: dict) -> list[list[int]] | None:
+        """The origins a (checked) per-lane state holds, for a lane-count change on resume
+        (`engine.relane` deals them to the new lanes); None: not supported."""
+        return None
+
     @abstractmethod
     def make(self, lane: int, seed: int) -> Accumulator: ...
 
@@ -187,6 +192,16 @@ class CombinerOp(StatefulOp):
 
     @abstractmethod
     def make(self, lane: int, seed: int) -> Combiner: ...
+
+    def rows_in_state(self, state: dict) -> list[list[list[int]]] | None:
+        """For a lane-count change on resume: the rows a (checked) per-lane state holds,
+        each a list of segments ``[origin..., start, end]``, in delivery order, rows still
+        open closed as they are; None: this combiner does not support the change."""
+        return None
+
+    def state_of_rows(self, rows: list[list[list[int]]]) -> dict:
+        """A per-lane state that holds `rows` (from `rows_in_state`) ready to pop."""
+        raise NotImplementedError(f"{type(self).__name__} does not support a lane-count change")
 
 
 class Map(Transform):

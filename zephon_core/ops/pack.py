@@ -153,6 +153,13 @@ class Pack(CombinerOp):
     def make(self, lane: int, seed: int) -> Packer:
         return Packer(self)
 
+    def rows_in_state(self, state: dict) -> list[list[list[int]]]:
+        """Ready rows, then the open bins closed in their order (as `flush` closes them)."""
+        return [list(r) for r in state["ready"]] + [list(b) for b in state["bins"]]
+
+    def state_of_rows(self, rows: list[list[list[int]]]) -> dict:
+        return {"bins": [], "ready": [list(r) for r in rows], "truncated": 0}
+
 
 @dataclass
 class _Bin:

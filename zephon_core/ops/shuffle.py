@@ -26,6 +26,9 @@ class Shuffle(AccumulatorOp):
     def make(self, lane: int, seed: int) -> Accumulator:
         return _ShuffleBuffer(self.buffer_size, seed, lane)
 
+    def origins_in_state(self, state: dict) -> list[list[int]]:
+        return [list(o) for o in state["buffer"]]
+
     def check_state(self, state: Any, checks: StateChecks) -> None:
         super().check_state(state, checks)
         emitted, buffer = state.get("emitted"), state.get("buffer")

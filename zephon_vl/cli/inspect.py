@@ -129,8 +129,9 @@ def summarize(state: dict) -> dict:
         snap = state["lanes"][key]
         src = snap.get("source", {})
         counts = src.get("counts", [])
-        epochs = [((c * L + int(key)) // t) if t else None
-                  for c, t in zip(counts, totals + [0] * len(counts), strict=False)]
+        epochs = [(_position(src, j, c, L, int(key)) // t) if t else None
+                  for j, (c, t) in enumerate(zip(counts, totals + [0] * len(counts),
+                                                 strict=False))]
         in_flight = sum(len(v) for v in snap.get("pending", {}).values())
         held = _origins([snap.get("accumulators", {}), snap.get("packer", {})])
         lanes[key] = {"draws": src.get("draws"), "taken": counts, "epoch": epochs,
@@ -149,7 +150,18 @@ def summarize(state: dict) -> dict:
         "step": state["step"], "lanes": lanes,
         "phases": fp.get("phases", []), "phase_lag": fp.get("phase_lag"),
         "global_batch_sizes": state.get("global_batch_sizes", []),
+        "lane_changes": state.get("lane_changes", []),
     }
+
+
+def _position(src: dict, j: int, c: int, L: int, lane: int) -> int:
+    """The position in dataset `j`'s order of the lane's next draw from it (after a lane-count
+    change: its re-dealt list, then its stride; docs/elastic-changes.md)."""
+    rl = src.get("relaned")
+    if rl is None:
+        return c * L + lane
+    e = rl["explicit"][j]
+    return e[c] if c < len(e) else rl["start"][j] + (c - len(e)) * rl["stride"]
 
 
 def render(s: dict) -> str:
@@ -168,6 +180,9 @@ def render(s: dict) -> str:
            *(["global batch size changed on resume: " + ", ".join(
                f"G={g} from step {t}" for t, g in s["global_batch_sizes"])]
              if s.get("global_batch_sizes") else []),
+           *(["lane count changed on resume: " + ", ".join(
+               f"{a} -> {b} lanes at step {t}" for t, a, b in s["lane_changes"])]
+             if s.get("lane_changes") else []),
            "lane  draws  taken per dataset  epoch  rows  in flight  buffered  drops pending"]
     for lane, v in s["lanes"].items():
         taken = ",".join(map(str, v["taken"]))

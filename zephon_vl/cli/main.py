@@ -125,6 +125,9 @@ def _digest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-global-batch-size", type=int, default=None, metavar="G",
                    help="the resumes take G rows per step from --save-at on (a multiple of "
                         "L): same lane rows, other step boundaries (docs/elastic-changes.md)")
+    p.add_argument("--resume-lanes", type=int, default=None, metavar="L2",
+                   help="the resumes run the recipe with L2 lanes: the checkpoint's remaining "
+                        "work is re-dealt to them (docs/elastic-changes.md)")
     p.add_argument("--explain", action="store_true", help="print the plan to stderr first")
     p.add_argument("--ledger", default=None, metavar="PATH",
                    help="write the per-step ledger here (resumes: PATH.resumed-dN.jsonl)")
@@ -148,8 +151,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
             with open(args.state_out, "w") as f:
                 f.write(state)
 
+    relane = None
+    if args.resume_lanes is not None:
+        from zephon_core import load_recipe
+
+        relane = lambda: load_recipe(args.recipe, num_lanes=args.resume_lanes)  # noqa: E731
     for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state,
-                           args.ledger, args.resume_global_batch_size):
+                           args.ledger, args.resume_global_batch_size, relane):
         print(json.dumps(rec.to_json()), flush=True)
     return 0
 

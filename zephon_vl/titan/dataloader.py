@@ -120,7 +120,13 @@ class ZephonDataLoader(BaseDataLoader):
         that family's tokenizer (``VisionFamily.tokenizer_dir``)."""
 
         num_lanes: int = 8
-        """``L``: fixed for the life of a run; every DP degree you use must divide it."""
+        """``L``: every DP degree you use must divide it. A resume with another value is
+        refused unless ``allow_lane_change`` is set."""
+
+        allow_lane_change: bool = False
+        """Opt in to resuming a checkpoint saved with another ``num_lanes``: its remaining
+        work is re-dealt to this run's lanes (docs/elastic-changes.md), the same batches at
+        every DP degree."""
 
         global_batch_size: int = 0
         """Rows per optimizer step; 0 = the recipe's own (16 for the built-in recipes), never
@@ -409,7 +415,8 @@ class ZephonDataLoader(BaseDataLoader):
                 f"zephon dataloader: {STATE_KEY!r} has format {blob.get('format')!r} version "
                 f"{blob.get('version')!r}; this zephon reads {STATE_FORMAT!r} version "
                 f"{STATE_VERSION}")
-        self.loader.load_state_dict(blob["zephon"])
+        self.loader.load_state_dict(blob["zephon"],
+                                    allow_lane_change=self.config.allow_lane_change)
         self._pending = []
 
     @property
