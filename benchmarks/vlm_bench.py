@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the collate's pixels: device = uint8 rows + table, normalized by "
                         "to_device on the accelerator (default); collate = float32 rows made "
                         "on the CPU")
+    p.add_argument("--grid", choices=["loaders", "workers"], default="loaders",
+                   help="loaders: zephon and the other loaders (default); workers: zephon's "
+                   "delivered batches with --workers auto beside fixed worker splits, every "
+                   "configuration repeated --reps times, interleaved")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1/2/4-process scaling")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage breakdown")
     p.add_argument("--max-outside-load", type=float, default=0.15,
@@ -116,6 +120,25 @@ def have_energon() -> bool:
         return importlib.util.find_spec("megatron.energon") is not None
     except ModuleNotFoundError:
         return False
+
+
+def workers_configurations(ncpu: int) -> list[dict]:
+    """``--grid workers``: delivered batches with ``--workers auto`` beside fixed splits
+    (docs/benchmarks.md, "Workers that size themselves")."""
+
+    def c(name: str, cli: list[str], **params: Any) -> dict:
+        return _cfg(f"zephon {name}", "zephon", {"cli": cli, **params}, mode="e2e")
+
+    cfgs = [c("default", [])]
+    cfgs += [c(f"fixed: read+decode+tokenize fused, {n} processes", ["--default-workers", str(n)])
+             for n in range(1, ncpu + 2) if n != usable_cores()]
+    cfgs.append(c(f"fixed: read+decode {ncpu}, tokenize 1 (two stages)",
+                  ["--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
+                   "--workers", "tokenize=1"]))
+    cfgs.append(c("workers auto", ["--workers", "auto"]))
+    cfgs.append(c(f"workers auto, one stage per operator, budget {ncpu + 1}",
+                  ["--workers", "auto", "--default-workers", str(ncpu + 1)], fuse=False))
+    return cfgs
 
 
 def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
@@ -636,8 +659,12 @@ def run(args: argparse.Namespace) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"e2e", "worker"}:
         raise SystemExit(f"--modes takes e2e and/or worker, got {args.modes!r}")
-    cfgs = (e2e_configurations(quick, ncpu) if "e2e" in modes else []) + \
-        (configurations(quick, ncpu, not args.no_scaling) if "worker" in modes else [])
+    if args.grid == "workers":
+        modes = ["e2e"]
+        cfgs = workers_configurations(ncpu)
+    else:
+        cfgs = (e2e_configurations(quick, ncpu) if "e2e" in modes else []) + \
+            (configurations(quick, ncpu, not args.no_scaling) if "worker" in modes else [])
     if args.only:
         keep = set(args.only.split(","))
         cfgs = [c for c in cfgs if c["family"] in keep]
@@ -712,6 +739,8 @@ def run(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         measure(cfg, 0)
     finals = [c for c in cfgs if c["name"] == "zephon default"]
+    if args.grid == "workers":  # the comparison itself: every configuration, every rep
+        finals = list(cfgs)
     for mode in modes:
         for fam in FAMILIES:
             cands = [c for c in cfgs if c["mode"] == mode and c["family"] == fam

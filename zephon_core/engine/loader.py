@@ -179,7 +179,7 @@ class Loader:
         self._closed = False
         self.on_metrics, self.metrics_every = on_metrics, metrics_every
         self._recorder = recorder_for(self, observer, wait_warn_share)
-        self._lane_observer = self._recorder.observe if stage_metrics else observer
+        self._lane_observer = self._recorder.lane_observer if stage_metrics else observer
         #: sizes the process stages with `Execution(workers="auto")` (None otherwise)
         # runners given by the caller may serve other loaders too: never resized here
         self.sizer = (sizer_for(self.execution, self.plan, self.runners, self._recorder)

@@ -241,6 +241,12 @@ class MetricsRecorder:
         self._cost_keys: set[str] = set()  # every cost seen: a dashboard's series never end
 
     # --- inputs --------------------------------------------------------------
+    @property
+    def lane_observer(self) -> StageObserver:
+        """What the lanes call with each event: `observe`, or without a user's observer to
+        chain, the event log's `add` itself (one Python call less per group)."""
+        return self.observe if self._chain is not None else self.events.add
+
     def observe(self, event: StageEvent) -> None:
         self.events.add(event)
         if self._chain is not None:
