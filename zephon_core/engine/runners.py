@@ -97,6 +97,8 @@ class ThreadRunner(Runner):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+#: seconds a retired worker (`ProcessRunner.resize`) may take to exit before it is killed
+RETIRE_PATIENCE_S = 10.0
 #: how often an idle worker checks that its driver still exists
 PARENT_POLL_S = 0.5
 
@@ -259,6 +261,8 @@ class ProcessRunner(Runner):
         #: slots told to stop once their groups are answered: always the last ones, so
         #: the first `workers` slots are the ones given groups
         self._retiring: set[int] = set()
+        #: retiring slots told to stop, and when
+        self._stopping: dict[int, float] = {}
         for i in range(workers):
             self._start_worker(i)
         self._thread = threading.Thread(target=self._dispatch, name=f"zephon-{name}", daemon=True)
@@ -321,7 +325,9 @@ class ProcessRunner(Runner):
             if self.workers >= target:
                 break
             self._retiring.discard(i)
-            if self._conns[i].closed:  # its worker died while retiring: a fresh one
+            if i in self._stopping:  # told to stop already: let it go, start a fresh one
+                self._end_process(i)
+            if self._conns[i].closed:  # its worker died or was stopped while retiring
                 self._start_worker(i)
             self.workers += 1
         while self.workers < target:
@@ -340,30 +346,41 @@ class ProcessRunner(Runner):
             self._retiring.add(self.workers)
 
     def _reap_retired(self) -> None:
-        """Remove the last slots once they are retiring and hold no group."""
+        """Stop the last slot once it is retiring and holds no group (without waiting for
+        it: its exit wakes the dispatcher), and remove it once its process is gone."""
         while self._procs and len(self._procs) - 1 in self._retiring:
             i = len(self._procs) - 1
+            p, conn = self._procs[i], self._conns[i]
             if self._assigned[i]:
                 return
-            p, conn = self._procs[i], self._conns[i]
-            if not conn.closed:
+            if i not in self._stopping:
+                self._stopping[i] = time.monotonic()
                 try:
                     conn.send(None)
                 except (BrokenPipeError, OSError):
                     pass
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2)
-            conn.close()
-            shm.remove_leftovers(f"{self.prefix}{p.pid}-")
-            self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
-            self._free_by_pid.pop(p.pid, None)
+            if p.is_alive() and time.monotonic() - self._stopping[i] < RETIRE_PATIENCE_S:
+                return
+            self._end_process(i)
             with self._lock:
                 for slots in (self._procs, self._conns, self._assigned, self._busy_since,
                               self._spawned_at, self._answered):
                     slots.pop()
             self._retiring.discard(i)
+
+    def _end_process(self, i: int) -> None:
+        """The process of slot `i` has been told to stop (or died): make sure it is gone and
+        forget its files."""
+        p, conn = self._procs[i], self._conns[i]
+        self._stopping.pop(i, None)
+        p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)
+        conn.close()
+        shm.remove_leftovers(f"{self.prefix}{p.pid}-")
+        self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
+        self._free_by_pid.pop(p.pid, None)
 
     def submit(self, elements: list[Element]) -> Future:
         fut: Future = Future()
@@ -452,7 +469,7 @@ class ProcessRunner(Runner):
             for i, p in enumerate(self._procs):
                 if self._broken or self._closed:
                     break
-                if self._conns[i].closed:  # a retiring slot whose worker died: being removed
+                if self._conns[i].closed or i in self._stopping:  # retired: being removed
                     continue
                 if not p.is_alive():
                     self._restart(i)
