@@ -766,6 +766,7 @@ def run(args: argparse.Namespace) -> int:
     configs_out = [{**c, "runs": [{"rep": r["rep"], "attempt": r["attempt"],
                                    "disturbed": r["disturbed"], **r["metrics"],
                                    "plan": r["extra"].get("plan"),
+                                   "auto_changes": r["extra"].get("auto_changes"),
                                    "tally": r["tally"]} for r in runs[_key(c)]]}
                    for c in cfgs]
     tally = runs[_key(cfgs[0])][0]["tally"] if runs[_key(cfgs[0])] else {}
