@@ -31,7 +31,7 @@ def run(name: str, dp: int, ex: Execution) -> tuple[list[str], list[list]]:
 
 @pytest.mark.parametrize("name", ["vlm-demo", "text-demo"])
 def test_auto_workers_give_the_batches_of_fixed_workers(name, monkeypatch):
-    monkeypatch.setattr(autoscale, "AUTO_WINDOW_S", 0.3)  # decide within a short run
+    monkeypatch.setattr(autoscale, "AUTO_WINDOW_S", 0.0)  # a window per step: decide at once
     monkeypatch.setattr(autoscale, "AUTO_MIN_GROUPS", 1)
     fixed = Execution(runner="processes", default_workers=1)
     auto = Execution(runner="processes", workers="auto", fuse=False, default_workers=4)
