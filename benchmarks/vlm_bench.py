@@ -136,8 +136,10 @@ def workers_configurations(ncpu: int) -> list[dict]:
                   ["--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
                    "--workers", "tokenize=1"]))
     cfgs.append(c("workers auto", ["--workers", "auto"]))
-    cfgs.append(c(f"workers auto, one stage per operator, budget {ncpu + 1}",
-                  ["--workers", "auto", "--default-workers", str(ncpu + 1)], fuse=False))
+    # three process stages: a budget above three leaves the sizer something to move
+    budget = max(ncpu, 3) + 1
+    cfgs.append(c(f"workers auto, one stage per operator, budget {budget}",
+                  ["--workers", "auto", "--default-workers", str(budget)], fuse=False))
     return cfgs
 
 
