@@ -125,11 +125,16 @@ def _finish(trace: Trace) -> Trace:
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     """``for batch in Loader(recipe, 0, 1, execution)``; `params["cli"]`: execution options as
-    on the command line, `params["background"]`: the loader's driver thread."""
+    on the command line, `params["background"]`: the loader's driver thread,
+    `params["fuse"]`: False for one stage per operator."""
+    import dataclasses
+
     from zephon_core import Loader
 
     recipe = spec.recipe()
     ex = zephon_execution(list(params.get("cli", [])))
+    if params.get("fuse") is False:
+        ex = dataclasses.replace(ex, fuse=False)
     pixels = bool(params.get("pixels"))
     trace = Trace()
     watch = LastStageWatch()
@@ -148,6 +153,8 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
             deliver(trace, recipe.collate(rest.rows), sample_ids(rest.rows), 0, pixels)
         trace.tally.dropped += len(rest.drops)
         trace.extra["stage_groups"] = [[t, len(o)] for t, o in watch.groups]
+        if loader.sizer is not None:  # workers="auto": the splits it applied, and when
+            trace.extra["auto_changes"] = loader.sizer.changes
     finally:
         loader.close()
     return _finish(trace)

@@ -41,11 +41,12 @@ def measure(recipe_name: str, steps: int, repeats: int) -> dict:
         for _ in range(repeats):
             for snapshots in (False, True):
                 recorder = recorder_for(loader, None, WAIT_WARN_SHARE)
+                observe = recorder.lane_observer  # what the lanes call
                 t0 = time.perf_counter()
                 for k, (rows, drops, evs) in enumerate(per_step):
                     recorder.next_started(time.monotonic())
                     for e in evs:
-                        recorder.observe(e)
+                        observe(e)
                     recorder.delivered(k, rows, drops)
                     recorder.next_returned(time.monotonic())
                     if snapshots:

@@ -80,6 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the collate's pixels: device = uint8 rows + table, normalized by "
                         "to_device on the accelerator (default); collate = float32 rows made "
                         "on the CPU")
+    p.add_argument("--grid", choices=["loaders", "workers"], default="loaders",
+                   help="loaders: zephon and the other loaders (default); workers: zephon's "
+                   "delivered batches with --workers auto beside fixed worker splits, every "
+                   "configuration repeated --reps times, interleaved")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1/2/4-process scaling")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage breakdown")
     p.add_argument("--max-outside-load", type=float, default=0.15,
@@ -122,6 +126,27 @@ def have_energon() -> bool:
         return importlib.util.find_spec("megatron.energon") is not None
     except ModuleNotFoundError:
         return False
+
+
+def workers_configurations(ncpu: int) -> list[dict]:
+    """``--grid workers``: delivered batches with ``--workers auto`` beside fixed splits
+    (docs/benchmarks.md, "Workers that size themselves")."""
+
+    def c(name: str, cli: list[str], **params: Any) -> dict:
+        return _cfg(f"zephon {name}", "zephon", {"cli": cli, **params}, mode="e2e")
+
+    cfgs = [c("default", [])]
+    cfgs += [c(f"fixed: read+decode+tokenize fused, {n} processes", ["--default-workers", str(n)])
+             for n in range(1, ncpu + 2) if n != usable_cores()]
+    cfgs.append(c(f"fixed: read+decode {ncpu}, tokenize 1 (two stages)",
+                  ["--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
+                   "--workers", "tokenize=1"]))
+    cfgs.append(c("workers auto", ["--workers", "auto"]))
+    # three process stages: a budget above three leaves the sizer something to move
+    budget = max(ncpu, 3) + 1
+    cfgs.append(c(f"workers auto, one stage per operator, budget {budget}",
+                  ["--workers", "auto", "--default-workers", str(budget)], fuse=False))
+    return cfgs
 
 
 def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
@@ -707,10 +732,14 @@ def run(args: argparse.Namespace) -> int:
     first = data[workloads[0].base]
     spec, spec_json = first["spec"], first["spec_json"]
     cfgs = []
-    if "e2e" in modes:
+    if args.grid == "workers":
+        modes = ["e2e"]
+        cfgs = [{**c, "workload": w.name} for w in workloads for c in workers_configurations(ncpu)]
+    elif "e2e" in modes:
         for w in workloads:
             cfgs += [{**c, "workload": w.name} for c in e2e_configurations(quick, ncpu)]
-    if "worker" in modes and "photos" in data:  # the worker stage: today's photos only
+    # the worker stage: today's photos only
+    if args.grid != "workers" and "worker" in modes and "photos" in data:
         cfgs += [{**c, "workload": "photos"}
                  for c in configurations(quick, ncpu, not args.no_scaling)]
     if args.only:
@@ -793,6 +822,8 @@ def run(args: argparse.Namespace) -> int:
     for cfg in cfgs:
         measure(cfg, 0)
     finals = [c for c in cfgs if c["name"] == "zephon default"]
+    if args.grid == "workers":  # the comparison itself: every configuration, every rep
+        finals = list(cfgs)
     for scope in dict.fromkeys((c["workload"], c["mode"]) for c in cfgs):
         for fam in FAMILIES:
             cands = [c for c in cfgs if (c["workload"], c["mode"]) == scope
@@ -818,6 +849,7 @@ def run(args: argparse.Namespace) -> int:
     configs_out = [{**c, "runs": [{"rep": r["rep"], "attempt": r["attempt"],
                                    "disturbed": r["disturbed"], **r["metrics"],
                                    "plan": r["extra"].get("plan"),
+                                   "auto_changes": r["extra"].get("auto_changes"),
                                    "tally": r["tally"]} for r in runs[_key(c)]]}
                    for c in cfgs]
     tally = runs[_key(cfgs[0])][0]["tally"] if cfgs and runs[_key(cfgs[0])] else {}

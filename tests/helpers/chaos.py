@@ -24,6 +24,12 @@ def big(x: int) -> np.ndarray:
     return np.full(200_000, x % 251, dtype=np.uint8)
 
 
+def slow_big(x: int) -> np.ndarray:
+    """`big` after 30 ms: groups still in flight when a test resizes the pool."""
+    time.sleep(0.03)
+    return big(x)
+
+
 def hang_on_13(x: int) -> int:
     """Never returns on element 13: a hung operator."""
     if x == 13:

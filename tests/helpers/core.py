@@ -50,6 +50,14 @@ def costed_tokens(payload: dict) -> dict:
     return out
 
 
+def slow_tokens(payload: dict) -> dict:
+    """`to_tokens` after 20 ms: an artificially expensive operator (workers="auto" tests)."""
+    import time
+
+    time.sleep(0.02)
+    return to_tokens(payload)
+
+
 COUNTER = {"tokens": 0}
 
 

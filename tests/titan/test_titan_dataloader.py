@@ -127,6 +127,19 @@ def test_wrong_combinations_are_refused(kw, build_kw, match):
 def test_parse_workers():
     assert parse_workers("decode=2, tokenize=1") == {"decode": 2, "tokenize": 1}
     assert parse_workers("") == {}
+    assert parse_workers("auto") == "auto"
+
+
+def test_workers_auto_sizes_the_process_stages():
+    cfg = ZephonDataLoader.Config(runner="processes", recipe="text-demo", num_lanes=4,
+                                  global_batch_size=4, workers="auto", default_workers=2)
+    dl = build(cfg, local_batch_size=4)
+    try:
+        assert dl.execution.auto_workers and dl.loader.sizer is not None
+        inputs, _ = next(iter(dl))
+        assert inputs["input"].shape[0] == 4
+    finally:
+        dl.close()
 
 
 def test_state_refused_mid_step_and_without_distributed():

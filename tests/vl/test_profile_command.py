@@ -38,3 +38,12 @@ def test_profile_names_the_bottleneck_and_writes_json(tmp_path, capsys):
     assert f"bottleneck: {got['bottleneck']!r}" in printed
     assert sum(got["recommended_workers"].values()) == 4
     assert got["metrics"]["steps"] == 2
+
+
+def test_profile_with_workers_auto_stays_within_the_budget(tmp_path):
+    out = tmp_path / "p.json"
+    assert main(["profile", "--recipe", "text-demo", "--steps", "2", "--warmup", "1",
+                 "--workers", "auto", "--default-workers", "2", "--json", str(out)]) == 0
+    stages = json.loads(out.read_text())["metrics"]["stages"]
+    pooled = [s["workers"] for s in stages if s["runner"] == "processes"]
+    assert pooled and sum(pooled) <= max(2, len(pooled)) and min(pooled) >= 1

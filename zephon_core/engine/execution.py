@@ -11,6 +11,9 @@ from zephon_core.engine.runners import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
+#: `Execution(workers=AUTO)`: the rank's worker budget split by measured cost
+AUTO = "auto"
+
 
 def parse_op_values(spec: str | Iterable[str], cast: Callable[[str], object] = int,
                     what: str = "N") -> dict:
@@ -36,9 +39,16 @@ def parse_op_values(spec: str | Iterable[str], cast: Callable[[str], object] = i
     return out
 
 
-def parse_workers(spec: str | Iterable[str]) -> dict[str, int]:
-    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}`` (see `parse_op_values`)."""
-    return parse_op_values(spec, int, "N")
+def parse_workers(spec: str | Iterable[str]) -> dict[str, int] | str:
+    """``"decode=2,tokenize=1"`` -> ``{"decode": 2, "tokenize": 1}`` (see `parse_op_values`);
+    ``"auto"`` -> ``"auto"`` (`Execution.workers`: sized from measured costs)."""
+    items = [spec] if isinstance(spec, str) else list(spec)
+    if [i.strip() for i in items] == [AUTO]:
+        return AUTO
+    if any(i.strip() == AUTO for i in items):
+        raise ConfigError("workers 'auto' sizes every process stage: give it alone, without "
+                          f"OP=N items (got {items})")
+    return parse_op_values(items, int, "N")
 
 
 def parse_runners(spec: str | Iterable[str]) -> dict[str, str]:
@@ -63,7 +73,11 @@ class Execution:
     everything in the calling thread (the reference, and the cheapest for tiny
     runs); ``ray`` runs stateless stages as tasks on a Ray cluster (docs/ray.md,
     needs ``pip install 'zephon-vl[ray]'``). `runners` and `workers` override the
-    runner and worker count per operator name. Process and Ray stages default
+    runner and worker count per operator name; ``workers="auto"`` sizes the
+    process stages while the loader runs: the worker budget (`default_workers`,
+    else the machine's) split over them by the busy time each is measured to
+    need, changed when the mix of samples changes (`engine/autoscale.py`,
+    docs/observability.md). Process and Ray stages default
     to the machine's worker budget (`default_workers=None`: usable cores //
     ranks on this machine, torchrun's ``LOCAL_WORLD_SIZE``, at least 1; for Ray,
     the tasks of one rank and stage running at once), thread stages to one
@@ -75,7 +89,7 @@ class Execution:
 
     runner: str = "auto"
     runners: dict[str, str] = field(default_factory=dict)
-    workers: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, int] | str = field(default_factory=dict)
     default_workers: int | None = None
     group_size: int = 8
     #: groups in flight per lane and stage; None: enough to give every worker two groups
@@ -124,6 +138,9 @@ class Execution:
     ray_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.workers, str) and self.workers != AUTO:
+            raise ConfigError(f"workers must map operator names to counts, or be {AUTO!r}; "
+                              f"got {self.workers!r}")
         for kind in [self.runner, *self.runners.values()]:
             if kind not in (*RUNNERS, "auto"):
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
@@ -157,6 +174,16 @@ class Execution:
             raise ConfigError(f"coalesce: max_bytes and max_gap must be >= 0, not "
                               f"{self.coalesce}")
 
+    @property
+    def auto_workers(self) -> bool:
+        """Whether the process stages are sized while the loader runs (``workers="auto"``)."""
+        return self.workers == AUTO
+
+    def worker_budget(self) -> int:
+        """The process workers of one stage by default; with ``workers="auto"``, of all of
+        them together: `default_workers`, else the machine's budget."""
+        return self.default_workers if self.default_workers is not None else worker_budget()
+
     def storage(self) -> StorageSettings:
         """The settings the engine installs wherever shards are opened and read."""
         return StorageSettings(self.retry, self.coalesce)
@@ -170,11 +197,15 @@ class Execution:
         default = self.default_workers
         if default is None:
             default = worker_budget() if kind in ("processes", "ray") else 1
+        if isinstance(self.workers, str):  # auto: `Plan` splits the budget afterwards
+            return kind, default
         return kind, self.workers.get(t.name, default)
 
     def budget_note(self) -> str:
         """How the default process worker count was chosen, for `explain()`."""
+        what = ("process workers (auto: all process stages together, split by measured cost)"
+                if self.auto_workers else "default process workers")
         if self.default_workers is not None:
-            return f"default process workers: {self.default_workers} (set explicitly)"
-        return (f"default process workers: {worker_budget()} = {usable_cores()} usable cores "
+            return f"{what}: {self.default_workers} (set explicitly)"
+        return (f"{what}: {worker_budget()} = {usable_cores()} usable cores "
                 f"// {ranks_on_this_machine()} rank(s) on this machine (LOCAL_WORLD_SIZE)")

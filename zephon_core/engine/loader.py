@@ -16,6 +16,7 @@ from typing import Any
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
 from zephon_core.data.storage import storage_settings
+from zephon_core.engine.autoscale import sizer_for
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.checkpoint import (
@@ -183,7 +184,14 @@ class Loader:
         self._closed = False
         self.on_metrics, self.metrics_every = on_metrics, metrics_every
         self._recorder = recorder_for(self, observer, wait_warn_share)
-        self._lane_observer = self._recorder.observe if stage_metrics else observer
+        self._lane_observer = self._recorder.lane_observer if stage_metrics else observer
+        #: sizes the process stages with `Execution(workers="auto")` (None otherwise)
+        # runners given by the caller may serve other loaders too: never resized here
+        self.sizer = (sizer_for(self.execution, self.plan, self.runners, self._recorder)
+                      if stage_metrics and self._owns_runners else None)
+        if self.execution.auto_workers and not stage_metrics:
+            log.warning("zephon: workers='auto' measures the stages: with stage_metrics=False "
+                        "the process stages keep equal shares of the worker budget")
         self._build_lanes(None)
 
     def _set_batches(self) -> None:
@@ -411,6 +419,8 @@ class Loader:
         if self.ledger is not None and step.meta.ledger is not None:
             self.ledger.record(step.meta.step, step.meta.ledger)
         self._recorder.delivered(step.meta.step, step.rows, step.meta.drops)
+        if self.sizer is not None:
+            self.sizer.after_step(step.meta.step, time.monotonic())
         if self.on_metrics is not None and self.metrics_every > 0 \
                 and self.step % self.metrics_every == 0:
             self.on_metrics(self.metrics())

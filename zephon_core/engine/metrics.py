@@ -13,6 +13,7 @@ call closes a window and starts the next one.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +29,10 @@ log = logging.getLogger(__name__)
 #: the workers, is never counted).
 WAIT_WARN_SHARE = 0.10
 WAIT_WARN_STEPS = 10
-#: stage events kept between two snapshots (older ones are forgotten: a bounded memory)
+#: stage events kept for the readers (older ones are forgotten: a bounded memory)
 MAX_EVENTS = 1 << 16
+#: stage events kept as they came before they are folded into compact spans
+FOLD_EVERY = 1 << 10
 #: at most one such warning per this many seconds
 WAIT_WARN_EVERY_S = 300.0
 
@@ -135,6 +138,60 @@ def busy_seconds(spans: Sequence[tuple[float, float]], workers: int, lo: float,
     return busy
 
 
+#: one observed group, compacted: (stage index, start, end, elements)
+Span = tuple[int, float, float, int]
+
+
+class EventLog:
+    """The stage events of one loader, read by several readers, each with its own cursor.
+
+    Cheap where it is paid every group: `add` appends the event as it came (the
+    driver thread, the only writer); every `FOLD_EVERY` events they are folded
+    into compact spans, kept in chunks, the oldest forgotten past `MAX_EVENTS`.
+    A reader (`since`) gets the spans after its cursor and a new cursor; the
+    metrics snapshot and the worker sizer (`engine/autoscale.py`) read apart,
+    so neither takes events from the other. Readers may be other threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._raw: list[StageEvent] = []
+        self._chunks: deque[list[Span]] = deque(maxlen=max(1, MAX_EVENTS // FOLD_EVERY))
+        self._folded = 0  #: spans ever folded (the sequence number of the next one)
+
+    def add(self, event: StageEvent) -> None:
+        raw = self._raw
+        raw.append(event)
+        if len(raw) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        with self._lock:
+            raw, self._raw = self._raw, []
+            self._chunks.append([(e[1], e[4], e[5], len(e[6])) for e in raw])
+            self._folded += len(raw)
+
+    def cursor(self) -> int:
+        """A cursor at the end: `since` with it returns only what comes later."""
+        with self._lock:
+            return self._folded + len(self._raw)
+
+    def since(self, cursor: int) -> tuple[list[Span], int]:
+        """The spans observed after `cursor` (those still kept), and the cursor past them."""
+        with self._lock:
+            raw = self._raw
+            m = len(raw)  # the writer only appends while we hold the lock
+            out: list[Span] = []
+            first = self._folded - sum(len(c) for c in self._chunks)
+            for chunk in self._chunks:
+                end = first + len(chunk)
+                if end > cursor:
+                    out += chunk[max(0, cursor - first):]
+                first = end
+            out += [(e[1], e[4], e[5], len(e[6])) for e in raw[max(0, cursor - first):m]]
+            return out, self._folded + m
+
+
 @dataclass
 class _Window:
     start: float
@@ -169,7 +226,8 @@ class MetricsRecorder:
         self._seq_len = seq_len
         self._chain = chain
         self._restarts, self._backlog, self._shm_used = restarts, backlog, shm_used
-        self._events: deque[tuple[int, float, float, int]] = deque(maxlen=MAX_EVENTS)
+        self.events = EventLog()
+        self._cursor = 0
         self._win = _Window(time.monotonic())
         self.step = 0
         self.samples_total = 0
@@ -183,9 +241,14 @@ class MetricsRecorder:
         self._cost_keys: set[str] = set()  # every cost seen: a dashboard's series never end
 
     # --- inputs --------------------------------------------------------------
+    @property
+    def lane_observer(self) -> StageObserver:
+        """What the lanes call with each event: `observe`, or without a user's observer to
+        chain, the event log's `add` itself (one Python call less per group)."""
+        return self.observe if self._chain is not None else self.events.add
+
     def observe(self, event: StageEvent) -> None:
-        # deque.append and popleft are atomic: no lock between the driver and a reader
-        self._events.append((event.stage, event.start, event.end, len(event.origins)))
+        self.events.add(event)
         if self._chain is not None:
             self._chain(event)
 
@@ -247,13 +310,14 @@ class MetricsRecorder:
                     "docs/observability.md", 100 * waited / span, len(self._recent), waited,
                     span, 100 * share, slow)
 
-    def _take_events(self) -> list[tuple[int, float, float, int]]:
-        q = self._events
-        return [q.popleft() for _ in range(len(q))]
+    def set_workers(self, stage: int, workers: int) -> None:
+        """The worker count of `stage` changed (`Execution(workers="auto")`)."""
+        name, runner, _ = self._stages[stage]
+        self._stages[stage] = (name, runner, workers)
 
     def _slowest(self, now: float) -> str:
-        events = list(self._events)  # a copy: the window goes on
-        stages = self._stage_metrics(events, self._win.start, now)
+        events, _ = self.events.since(self._cursor)  # the window goes on
+        stages = self.stage_metrics(events, self._win.start, now)
         s = max(stages, key=lambda s: s.utilisation, default=None)
         if s is None:
             return "none observed"
@@ -261,8 +325,9 @@ class MetricsRecorder:
                 "busy)")
 
     # --- snapshot --------------------------------------------------------------
-    def _stage_metrics(self, events: list[tuple[int, float, float, int]], lo: float,
-                       hi: float) -> tuple[StageMetrics, ...]:
+    def stage_metrics(self, events: Sequence[Span], lo: float,
+                      hi: float) -> tuple[StageMetrics, ...]:
+        """Each stage's groups, elements and busy time in [lo, hi] from `events`."""
         span = max(hi - lo, 1e-9)
         by_stage: dict[int, list[tuple[int, float, float, int]]] = {}
         for e in events:
@@ -285,7 +350,7 @@ class MetricsRecorder:
         """Close the window: its metrics, and the totals so far."""
         now = time.monotonic()
         w = self._win
-        events = self._take_events()
+        events, self._cursor = self.events.since(self._cursor)
         self._win = _Window(now)
         self.samples_total += w.samples
         self.tokens_total += w.tokens
@@ -315,7 +380,7 @@ class MetricsRecorder:
             drops_total=dict(sorted(self.drops_total.items())),
             backlog_bytes=held, backlog_peak_bytes=peak, shm_used_bytes=self._shm_used(),
             worker_restarts=self._restarts(),
-            stages=self._stage_metrics(events, w.start, now))
+            stages=self.stage_metrics(events, w.start, now))
 
 
 def recorder_for(loader: Any, chain: StageObserver | None,

@@ -14,14 +14,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from zephon_core.records import Origin
 
 DRIVER = "driver"
 
 
-@dataclass(frozen=True)
-class StageEvent:
+class StageEvent(NamedTuple):
     """One group of elements through one stage of one lane.
 
     For a transform stage, a group is what the lane submitted to the stage's
@@ -30,6 +30,10 @@ class StageEvent:
     accumulator or the combiner, a group is the elements the driver pushed
     into it in one go, and the span is the driver's time on them (rows taken
     and snapshots included). Times are `time.monotonic()` seconds.
+
+    A named tuple, not a dataclass: the lanes make one per group (hundreds per
+    step), and a frozen dataclass costs three times as much to build
+    (docs/observability.md, "What metrics cost").
     """
 
     lane: int

@@ -39,7 +39,8 @@ def unknown_operators(ops: list[Operator], execution: Execution) -> str:
     """A message naming the operators `execution` sets workers or runners for that `ops`
     lacks (e.g. a typo: ``--workers decod=2``), or "" when there are none."""
     transforms = [o.name for o in ops if isinstance(o, Transform)]
-    unknown = sorted((set(execution.workers) | set(execution.runners)) - set(transforms))
+    named = set() if isinstance(execution.workers, str) else set(execution.workers)
+    unknown = sorted((named | set(execution.runners)) - set(transforms))
     if not unknown:
         return ""
     return (f"workers or runners set for {unknown}, which this recipe does not run; its "
@@ -85,8 +86,23 @@ class Plan:
             else:
                 raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
                                   "AccumulatorOp nor a CombinerOp")
+        if execution.auto_workers:
+            self._split_budget()
         workers = max((s.workers for s in self.stages if s.runner_kind != "inline"), default=1)
+        if execution.auto_workers:  # room for the most workers a stage may be given
+            workers = max(workers, execution.worker_budget())
         self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
+
+    def _split_budget(self) -> None:
+        """``workers="auto"``: the process stages start with equal shares of the budget
+        (at least one each); `engine/autoscale.py` moves them by measured cost."""
+        from zephon_core.engine.autoscale import split_workers
+
+        sized = [s for s in self.stages if s.runner_kind == "processes"]
+        split = split_workers({str(s.index): 1.0 for s in sized},
+                              self.execution.worker_budget())
+        for s in sized:
+            s.workers = split[str(s.index)]
 
     @property
     def combiner(self) -> CombinerOp:

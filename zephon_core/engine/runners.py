@@ -100,6 +100,8 @@ class ThreadRunner(Runner):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+#: seconds a retired worker (`ProcessRunner.resize`) may take to exit before it is killed
+RETIRE_PATIENCE_S = 10.0
 #: how often an idle worker checks that its driver still exists
 PARENT_POLL_S = 0.5
 
@@ -236,6 +238,7 @@ class ProcessRunner(Runner):
 
     `group_timeout` (seconds, None: none) bounds how long a worker may work on
     one group: past it the worker is killed and replaced and its groups re-run.
+    `resize` changes the number of workers while it runs (`Execution(workers="auto")`).
     """
 
     kind = "processes"
@@ -285,6 +288,13 @@ class ProcessRunner(Runner):
         self._free_by_pid: dict[int, list[str]] = {}
         #: the workers' pooled files, mapped once (the dispatcher thread's)
         self._mappings = shm.Mappings()
+        #: the worker count `resize` asked for, not yet applied by the dispatcher
+        self._target: int | None = None
+        #: slots told to stop once their groups are answered: always the last ones, so
+        #: the first `workers` slots are the ones given groups
+        self._retiring: set[int] = set()
+        #: retiring slots told to stop, and when
+        self._stopping: dict[int, float] = {}
         for i in range(workers):
             self._start_worker(i)
         self._thread = threading.Thread(target=self._dispatch, name=f"zephon-{name}", daemon=True)
@@ -323,6 +333,87 @@ class ProcessRunner(Runner):
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]
+
+    def resize(self, workers: int) -> None:
+        """Run `workers` workers from now on. Never changes an answer, only who computes it:
+        new workers start beside the others; the last ones stop taking groups, answer
+        those they hold, then exit (never killed mid-group, so no group re-runs)."""
+        if workers < 1:
+            raise ConfigError(f"stage {self.name}: processes runner needs workers >= 1")
+        with self._lock:
+            if self._closed or self._broken:
+                return
+            self._target = workers
+            wake, self._woken = not self._woken, True
+        if wake:
+            self._wake_w.send_bytes(b"x")
+
+    def _apply_size(self) -> None:
+        """The dispatcher's half of `resize`: start slots, or mark the last ones retiring."""
+        with self._lock:
+            target, self._target = self._target, None
+        if target is None or target == self.workers:
+            return
+        for i in sorted(self._retiring):  # taken back first: they are running already
+            if self.workers >= target:
+                break
+            self._retiring.discard(i)
+            if i in self._stopping:  # told to stop already: let it go, start a fresh one
+                self._end_process(i)
+            if self._conns[i].closed:  # its worker died or was stopped while retiring
+                self._start_worker(i)
+            self.workers += 1
+        while self.workers < target:
+            i = len(self._procs)
+            with self._lock:
+                self._procs.append(None)
+                self._conns.append(None)
+                self._assigned.append(deque())
+                self._busy_since.append(None)
+                self._spawned_at.append(0.0)
+                self._answered.append(False)
+            self._start_worker(i)
+            self.workers += 1
+        while self.workers > target:
+            self.workers -= 1
+            self._retiring.add(self.workers)
+
+    def _reap_retired(self) -> None:
+        """Stop the last slot once it is retiring and holds no group (without waiting for
+        it: its exit wakes the dispatcher), and remove it once its process is gone."""
+        while self._procs and len(self._procs) - 1 in self._retiring:
+            i = len(self._procs) - 1
+            p, conn = self._procs[i], self._conns[i]
+            if self._assigned[i]:
+                return
+            if i not in self._stopping:
+                self._stopping[i] = time.monotonic()
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            if p.is_alive() and time.monotonic() - self._stopping[i] < RETIRE_PATIENCE_S:
+                return
+            self._end_process(i)
+            with self._lock:
+                for slots in (self._procs, self._conns, self._assigned, self._busy_since,
+                              self._spawned_at, self._answered):
+                    slots.pop()
+            self._retiring.discard(i)
+
+    def _end_process(self, i: int) -> None:
+        """The process of slot `i` has been told to stop (or died): make sure it is gone and
+        forget its files."""
+        p, conn = self._procs[i], self._conns[i]
+        self._stopping.pop(i, None)
+        p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)
+        conn.close()
+        shm.remove_leftovers(f"{self.prefix}{p.pid}-")
+        self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
+        self._free_by_pid.pop(p.pid, None)
 
     def submit(self, elements: list[Element]) -> Future:
         fut: Future = Future()
@@ -390,6 +481,7 @@ class ProcessRunner(Runner):
 
     def _dispatch(self) -> None:
         while True:
+            self._apply_size()
             self._assign()
             with self._lock:
                 if self._closed:
@@ -406,9 +498,12 @@ class ProcessRunner(Runner):
                         self._wake_r.recv_bytes()
                 elif isinstance(obj, Connection):
                     self._receive(obj)
+            self._reap_retired()
             for i, p in enumerate(self._procs):
                 if self._broken or self._closed:
                     break
+                if self._conns[i].closed or i in self._stopping:  # retired: being removed
+                    continue
                 if not p.is_alive():
                     self._restart(i)
                 elif self._overdue(i):
@@ -497,7 +592,7 @@ class ProcessRunner(Runner):
         shm.remove_leftovers(f"{self.prefix}{p.pid}-")
         self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
         self._free_by_pid.pop(p.pid, None)
-        if not self._broken:
+        if not self._broken and i not in self._retiring:
             self._start_worker(i)
 
     def _made_progress(self) -> None:

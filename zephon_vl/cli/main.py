@@ -37,7 +37,9 @@ def add_execution_args(p: argparse.ArgumentParser) -> None:
                    default=Execution.runner, help="default runner of every operator (auto: each "
                    "operator's own: processes for read, decode and tokenize, fused into one stage)")
     g.add_argument("--workers", action="append", default=[], metavar="OP=N",
-                   help="workers of one operator, e.g. --workers tokenize=2 (repeatable)")
+                   help="workers of one operator, e.g. --workers tokenize=2 (repeatable); "
+                   "--workers auto: split the worker budget over the process stages by "
+                   "measured cost while the loader runs")
     g.add_argument("--default-workers", type=int, default=Execution.default_workers,
                    help="workers of every operator without --workers (default: usable cores "
                    "// ranks on this machine for process stages, one thread for thread stages)")

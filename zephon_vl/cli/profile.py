@@ -5,16 +5,15 @@ the workers) with a consumer that does nothing, so every second is the loader's,
 and reads its `LoaderMetrics` (docs/observability.md): each stage's busy
 worker-seconds and utilisation. The bottleneck is the busiest stage. The
 recommended split gives the usable cores to the worker stages in proportion to
-the worker-seconds each used per step (one each first, the rest by that share); a stage that was
-saturated (utilisation near 1) used less than it wanted, so the split is a
-direction, to re-profile with.
+the worker-seconds each used per step, at least one each: the arithmetic of
+``--workers auto``, which applies it while the loader runs
+(`zephon_core.engine.autoscale`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,23 +23,12 @@ from zephon_vl.cli.main import add_execution_args, command, execution_from
 
 
 def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
-    """Workers per worker stage (threads or processes), proportional to its busy seconds."""
-    pool = [s for s in stages if s.runner in ("threads", "processes")]
-    if not pool:
-        return {}
-    total = sum(s.busy_s for s in pool)
-    spare = max(0, cores - len(pool))  # one worker each first, the rest by the work
-    weight = {s.name: (s.busy_s / total if total > 0 else 1 / len(pool)) for s in pool}
-    share = {name: w * spare for name, w in weight.items()}
-    split = {name: 1 + math.floor(x) for name, x in share.items()}
-    left = spare - sum(math.floor(x) for x in share.values())
-    # hand out what flooring left, largest remainders first
-    for name in sorted(share, key=lambda n: share[n] - math.floor(share[n]), reverse=True):
-        if left <= 0:
-            break
-        split[name] += 1
-        left -= 1
-    return split
+    """Workers per worker stage (threads or processes), proportional to its busy seconds:
+    the arithmetic of `Execution(workers="auto")` (`zephon_core.engine.autoscale`)."""
+    from zephon_core.engine.autoscale import split_workers
+
+    return split_workers({s.name: s.busy_s for s in stages
+                          if s.runner in ("threads", "processes")}, cores)
 
 
 def workers_flags(split: dict[str, int]) -> str:

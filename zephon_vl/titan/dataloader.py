@@ -186,7 +186,8 @@ class ZephonDataLoader(BaseDataLoader):
         (only the nodes that offer it, a CPU-only pool, run zephon tasks)."""
 
         workers: str = ""
-        """Per-operator workers, e.g. ``decode=2,tokenize=1``."""
+        """Per-operator workers, e.g. ``decode=2,tokenize=1``, or ``auto``: the process
+        stages sized from measured costs while training runs (docs/observability.md)."""
 
         default_workers: int = 0
         """Workers of operators not named in ``workers``; 0 = usable cores // ranks on this
