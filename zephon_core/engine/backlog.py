@@ -99,17 +99,14 @@ class Backlog:
                 continue
             self._counted[id(a)] = a.nbytes
             fresh += a.nbytes
-            weakref.finalize(a, self._release, id(a)).atexit = False
+            # the finalizer holds the two containers, never the backlog: through it the
+            # registry would hold the lanes and their documents (this array too) for good
+            weakref.finalize(a, _release, self._counted, self._freed, id(a)).atexit = False
         self.documents += 1
         self.largest = max(self.largest, size)
         if fresh:
             self._added += fresh
             self.peak = max(self.peak, self.held)
-
-    def _release(self, key: int) -> None:
-        # runs in whichever thread drops the last reference: dict.pop and deque.append
-        # are atomic, and no lock is taken that the interrupted code could hold
-        self._freed.append(self._counted.pop(key, 0))
 
     def admits(self, own_count: int, needy: bool) -> bool:
         """May a lane draw one more element? `own_count`: its elements in transforms;
@@ -122,3 +119,10 @@ class Backlog:
         else:  # nothing finished yet, so no size to price the in-flight work at: one group
             fits = in_transforms < self.first_group
         return fits or (needy and own_count < self.first_group)
+
+
+def _release(counted: dict[int, int], freed: deque[int], key: int) -> None:
+    """An array's finalizer: its bytes go to `freed`. It runs in whichever thread drops the
+    last reference: dict.pop and deque.append are atomic, and no lock is taken that the
+    interrupted code could hold."""
+    freed.append(counted.pop(key, 0))
