@@ -11,7 +11,7 @@ imports torchtitan).
 
 from __future__ import annotations
 
-from zephon_core.common.exports import lazy_exports
+from zephon_core.extend import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # media

@@ -26,16 +26,17 @@ from zephon_core import (
     BalanceSettings,
     ConfigError,
     Dataset,
+    DatasetSpec,
     Pack,
     Phase,
     Read,
     Recipe,
     Shuffle,
     ShuffleSettings,
+    forwards_to,
     load_tokenizer,
 )
-from zephon_core.data.formats import DatasetSpec, dataset_reader
-from zephon_core.recipes.registry import settings_from_table
+from zephon_core.extend import dataset_reader, settings_from_table
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -146,6 +147,7 @@ def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
     return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
 
 
+@forwards_to(vlm_recipe)
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
              seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
@@ -164,6 +166,7 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
 MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
 
 
+@forwards_to(vlm_recipe)
 def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
                  seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
     """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
@@ -171,7 +174,7 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
     About half of the rows hold no image of their own, so the row filler
     (guarantee 10) and the balanced packing mode have work to do.
     """
-    from zephon_core.recipes.assets import text_corpus
+    from zephon_core import text_corpus
     from zephon_vl.demo.data import build_demo_dataset
 
     demo = build_demo_dataset(num_samples=num_samples)
@@ -186,6 +189,7 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
                       image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
 
 
+@forwards_to(vlm_mix_demo)
 def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
     """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
     overrides.setdefault("pack_mode", "balanced")

@@ -26,6 +26,7 @@ from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import MinTokens, Tokenize, load_tokenizer
 from zephon_core.recipes.assets import qwen_tokenizer_dir, text_corpus
 from zephon_core.recipes.recipe import Recipe
+from zephon_core.recipes.registry import forwards_to
 
 Files = Sequence[str | os.PathLike]
 
@@ -97,6 +98,7 @@ def text_loader(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     return Loader(recipe, dp_rank, dp_world_size, execution, microbatches)
 
 
+@forwards_to(text_recipe)
 def text_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 512,
               seed: int = 0, **overrides: Any) -> Recipe:
     """Real English text (stdlib docstrings), the real Qwen vocabulary, two datasets 3:1."""

@@ -49,20 +49,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_core.common.files import atomic_write
-from zephon_core.common.files import cache_dir as default_cache_dir
-from zephon_core.data.storage import (
+from zephon_core import (
+    BadSampleError,
     StoredFile,
+    ZephonError,
+    atomic_write,
+    open_shard,
+    stat_shard,
+)
+from zephon_core import cache_dir as default_cache_dir
+from zephon_core.extend import (
     StoredFileIO,
     base_name,
     current_storage,
     is_remote,
     local_path,
-    open_shard,
     read_whole,
-    stat_shard,
 )
-from zephon_core.errors import BadSampleError, ZephonError
 
 log = logging.getLogger(__name__)
 
