@@ -7,8 +7,11 @@ setup:
 demo: setup
 	zephon-vl demo
 
+# lint-imports: the layer contracts of .importlinter (docs/architecture.md)
 test: setup
+	lint-imports
 	python3 -m pytest -q -p no:cacheprovider
 
 lint:
 	ruff check zephon_core zephon_vl benchmarks tests scripts
+	lint-imports

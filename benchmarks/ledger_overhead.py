@@ -30,7 +30,7 @@ from zephon_core.extend import lane_entries, reader_keys, step_entry
 
 
 def _make(lanes: int):
-    from zephon_vl.recipes import vlm_demo
+    from zephon_vl import vlm_demo
 
     return lambda: vlm_demo(num_lanes=lanes)
 

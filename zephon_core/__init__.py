@@ -51,7 +51,7 @@ _EXPORTS: dict[str, str] = {
     "StorageError": "zephon_core.data.remote",
     "ParquetReader": "zephon_core.data.readers",
     "ShardReader": "zephon_core.data.readers",
-    "Read": "zephon_core.data.read",
+    "Read": "zephon_core.ops.read",
     # operators
     "Accumulator": "zephon_core.ops.contract",
     "AccumulatorOp": "zephon_core.ops.contract",
@@ -105,8 +105,8 @@ _EXPORTS: dict[str, str] = {
     "compare_ledgers": "zephon_core.engine.ledger",
     "sample_digest": "zephon_core.common.digest",
     # recipes
-    "Recipe": "zephon_core.recipes.recipe",
-    "TextCollate": "zephon_core.recipes.recipe",
+    "Recipe": "zephon_core.spec",
+    "TextCollate": "zephon_core.spec",
     "builtin_names": "zephon_core.recipes.registry",
     "load_recipe": "zephon_core.recipes.registry",
     "recipe_from_toml": "zephon_core.recipes.registry",

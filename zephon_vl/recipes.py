@@ -1,4 +1,4 @@
-"""The vision-language recipe and the built-ins `vlm-demo` and `vlm-mix-demo`.
+"""The vision-language recipe, `vlm_recipe` (the demos built on it: `zephon_vl.demo.recipes`).
 
 Operators, per lane: shuffle pointers -> read samples through each
 dataset's format (tar members, LLaVA/messages/OBELICS records, Parquet rows
@@ -33,7 +33,6 @@ from zephon_core import (
     Recipe,
     Shuffle,
     ShuffleSettings,
-    forwards_to,
     load_tokenizer,
 )
 from zephon_core.extend import dataset_reader, settings_from_table
@@ -41,6 +40,7 @@ from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
+from zephon_vl.ops.collate import VLCollate
 from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
@@ -136,61 +136,5 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
-                  collate=family.collate(seq_len, image, special),
+                  collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
-
-
-def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
-    """The demos' tokenizer: ``tokenizer`` if given, else the recipe family's own (the
-    bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
-    given = overrides.pop("tokenizer", None)
-    return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
-
-
-@forwards_to(vlm_recipe)
-def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
-             seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
-    """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
-    from zephon_vl.demo.data import build_demo_dataset
-
-    demo = build_demo_dataset(num_samples=num_samples)
-    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
-                      seq_len=seq_len,
-                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, name="vlm-demo", **overrides)
-
-
-#: `vlm-mix-demo`'s balance: its mean vision tokens per row (`zephon-vl balance`), heavy
-#: steps for its 2- and 3-image documents (up to 3 x 256 vision tokens)
-MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
-
-
-@forwards_to(vlm_recipe)
-def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
-                 seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
-    """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
-
-    About half of the rows hold no image of their own, so the row filler
-    (guarantee 10) and the balanced packing mode have work to do.
-    """
-    from zephon_core import text_corpus
-    from zephon_vl.demo.data import build_demo_dataset
-
-    demo = build_demo_dataset(num_samples=num_samples)
-    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
-    if overrides.get("pack_mode") == "balanced":
-        overrides.setdefault("balance", MIX_DEMO_BALANCE)
-    return vlm_recipe({"photos": [str(s) for s in demo.shards],
-                       "text": [str(p) for p in text_corpus()]},
-                      _demo_tokenizer(overrides), seq_len=seq_len,
-                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
-
-
-@forwards_to(vlm_mix_demo)
-def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
-    """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
-    overrides.setdefault("pack_mode", "balanced")
-    return vlm_mix_demo(**{"name": "vlm-mix-demo-balanced", **overrides})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -177,3 +178,17 @@ class ParquetReader:
             cached = (group, table.to_pylist())
             self._cache[shard] = cached
         return cached[1][index - int(starts[group])]
+
+
+def reader_for(files: Sequence[str | os.PathLike]) -> ShardReader:
+    """The ``text`` format's reader: JSONL or Parquet, by the files' suffix."""
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise ConfigError("a dataset needs at least one file")
+    suffixes = {p.suffix.lower() for p in paths}
+    if suffixes <= {".jsonl", ".json"}:
+        return JsonlReader(paths)
+    if suffixes == {".parquet"}:
+        return ParquetReader(paths)
+    raise ConfigError(f"cannot read files with suffixes {sorted(suffixes)}: a dataset is "
+                      "either .jsonl or .parquet files")

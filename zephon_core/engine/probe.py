@@ -21,8 +21,8 @@ from zephon_core.engine.lane import element_key
 from zephon_core.engine.plan import Plan
 from zephon_core.errors import BadSampleError
 from zephon_core.ops.contract import StageFn
-from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Dropped, Element, Origin
+from zephon_core.spec import Recipe
 
 
 @dataclass

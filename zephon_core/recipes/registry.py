@@ -55,7 +55,7 @@ from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError, UnknownKeyError
-from zephon_core.recipes.recipe import Recipe
+from zephon_core.spec import Recipe
 
 RecipeFactory = Callable[..., Recipe]
 #: a factory, or where to import it from: ``"package.module:function"``
@@ -63,9 +63,9 @@ FactoryRef = RecipeFactory | str
 
 _RECIPES: dict[str, FactoryRef] = {
     "text-demo": "zephon_core.recipes.text:text_demo",
-    "vlm-demo": "zephon_vl.recipes:vlm_demo",
-    "vlm-mix-demo": "zephon_vl.recipes:vlm_mix_demo",
-    "vlm-mix-demo-balanced": "zephon_vl.recipes:vlm_mix_demo_balanced",
+    "vlm-demo": "zephon_vl.demo.recipes:vlm_demo",
+    "vlm-mix-demo": "zephon_vl.demo.recipes:vlm_mix_demo",
+    "vlm-mix-demo-balanced": "zephon_vl.demo.recipes:vlm_mix_demo_balanced",
 }
 _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",

@@ -42,9 +42,9 @@ def _args(p: argparse.ArgumentParser) -> None:
 @command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
 def cmd_demo(args: argparse.Namespace) -> int:
     from zephon_core import ConfigError
+    from zephon_vl import vlm_demo
     from zephon_vl.demo.data import build_demo_dataset
     from zephon_vl.media.image import pillow_backend
-    from zephon_vl.recipes import vlm_demo
 
     if args.save_at is None:
         args.save_at = max(1, args.steps // 2)

@@ -63,7 +63,7 @@ def check_operator_names(recipe: Recipe, execution: Execution) -> None:
 
     problem = unknown_operators(recipe.ops, execution)
     if problem:
-        raise ConfigError(f"{problem} (check --workers / --op-runner)")
+        raise ConfigError(f"{problem} (check --workers / --runners)")
 
 
 def execution_from(args: argparse.Namespace) -> Execution:

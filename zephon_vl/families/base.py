@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from zephon_core import Recipe
     from zephon_vl.media.image import ImageSettings, VisionPatches
-    from zephon_vl.ops.collate import VLCollate
 
 
 class SpecialTokens(Protocol):
@@ -189,12 +188,6 @@ class VisionFamily(ModelFamily):
         if max_patches is not None:
             fields["max_patches"] = max_patches
         return ImageSettings(**fields)
-
-    def collate(self, seq_len: int, image: ImageSettings, special: Any) -> VLCollate:
-        """The collate of this family's recipes."""
-        from zephon_vl.ops.collate import VLCollate
-
-        return VLCollate(seq_len, image, special, self)
 
     def check_recipe(self, recipe: Recipe) -> None:
         """Refuse a text-only recipe, or one built for another family."""
