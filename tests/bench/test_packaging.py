@@ -65,7 +65,8 @@ def test_outside_code_uses_only_the_public_and_extension_names() -> None:
 
     allowed = {"zephon_core": set(zephon_core.__all__) | {"extend"},
                "zephon_core.extend": set(zephon_core.extend.__all__)}
-    paths = [p for top in ("zephon_vl", "benchmarks", "scripts") for p in (ROOT / top).rglob("*.py")]
+    paths = [p for top in ("zephon_vl", "benchmarks", "scripts")
+             for p in (ROOT / top).rglob("*.py")]
     bad = [f"{f}:{line}: from {m} import {n}" for f, line, m, n in _core_imports(paths)
            if n not in allowed.get(m, set())]
     assert not bad, "private core names used outside zephon_core:\n" + "\n".join(bad)
