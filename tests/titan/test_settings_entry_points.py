@@ -12,11 +12,8 @@ from hypothesis import strategies as st
 
 from zephon_core import ConfigError, Execution, flat_settings
 from zephon_vl.cli.main import add_execution_args, execution_from
-from zephon_vl.testing.titan_cpu import stub_torchvision
-
-stub_torchvision()
-from zephon_vl.titan.dataloader import ZephonDataLoader  # noqa: E402
-from zephon_vl.titan.settings import execution_of, titan_type  # noqa: E402
+from zephon_vl.titan.dataloader import ZephonDataLoader
+from zephon_vl.titan.settings import execution_of, titan_type
 
 #: a value other than the default for every leaf, as Python holds it
 OTHER = {
