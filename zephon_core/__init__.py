@@ -51,7 +51,12 @@ _EXPORTS: dict[str, str] = {
     "StorageError": "zephon_core.data.remote",
     "ParquetReader": "zephon_core.data.readers",
     "ShardReader": "zephon_core.data.readers",
+    "ReadsMany": "zephon_core.data.readers",
+    "KnowsShardLengths": "zephon_core.data.readers",
+    "NamesSamples": "zephon_core.data.readers",
     "Read": "zephon_core.ops.read",
+    "StageKind": "zephon_core.engine.plan",
+    "RunnerKind": "zephon_core.engine.runners",
     # operators
     "Accumulator": "zephon_core.ops.contract",
     "AccumulatorOp": "zephon_core.ops.contract",
