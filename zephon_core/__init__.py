@@ -55,8 +55,8 @@ _EXPORTS: dict[str, str] = {
     "KnowsShardLengths": "zephon_core.data.readers",
     "NamesSamples": "zephon_core.data.readers",
     "Read": "zephon_core.ops.read",
-    "StageKind": "zephon_core.engine.plan",
-    "RunnerKind": "zephon_core.engine.runners",
+    "StageKind": "zephon_core.engine.kinds",
+    "RunnerKind": "zephon_core.engine.kinds",
     # operators
     "Accumulator": "zephon_core.ops.contract",
     "AccumulatorOp": "zephon_core.ops.contract",

@@ -83,20 +83,9 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     and `phase_lag` make the mixture a schedule (`Recipe`; docs/elastic-changes.md).
     """
     family = vision_family(family)
-    named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
-             else {"data": shards})
-    weights = dict(weights or {})
-    if set(weights) - set(named):
-        raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    datasets = []
-    for n, spec in named.items():
-        try:
-            datasets.append(Dataset(n, dataset_reader(spec, index_cache),
-                                    float(weights.get(n, 1.0))))
-        except ConfigError as exc:
-            raise ConfigError(f"dataset {n!r}: {exc}") from None
+    datasets = _datasets(shards, weights, index_cache)
     special = family.special_tokens(load_tokenizer(tokenizer))
     if image_every_row is None:
         image_every_row = family.image_every_row
@@ -107,25 +96,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
         limits["images"] = max_images
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
     filler = image_filler(image, family, special) if image_every_row else None
-    if pack_mode == "balanced":
-        if balance is None:
-            raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
-                              "vision tokens per row ([balance] budget = ...); `zephon-vl "
-                              "balance` reports the mean of a recipe as "
-                              "mean_vision_tokens_per_row")
-        b = settings_from_table(BalanceSettings, balance, "balance")
-        packer: Any = BalancedPack(
-            seq_len, "vision_tokens", b.budget, rows_per_group=max(1, global_batch_size
-                                                                   // num_lanes),
-            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
-            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=special.pad,
-            filler=filler)
-    else:
-        if balance is not None:
-            raise ConfigError(f"balance settings apply to pack_mode='balanced', not "
-                              f"{pack_mode!r}")
-        packer = Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
-                      limits=limits, pad_id=special.pad, filler=filler)
+    packer = _packer(pack_mode, balance, seq_len, max(1, global_batch_size // num_lanes),
+                     max_open_bins, limits, special.pad, filler)
     ops += [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error),
@@ -138,3 +110,43 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                   shuffle=shuffle or ShuffleSettings(), name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _datasets(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
+              weights: Mapping[str, float] | None, index_cache: str | None) -> list[Dataset]:
+    """`vlm_recipe`'s datasets by name (one unnamed dataset is ``data``), with weights."""
+    named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
+             else {"data": shards})
+    weights = dict(weights or {})
+    if set(weights) - set(named):
+        raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
+    datasets = []
+    for n, spec in named.items():
+        try:
+            datasets.append(Dataset(n, dataset_reader(spec, index_cache),
+                                    float(weights.get(n, 1.0))))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {n!r}: {exc}") from None
+    return datasets
+
+
+def _packer(pack_mode: str, balance: BalanceSettings | Mapping[str, Any] | None, seq_len: int,
+            rows_per_group: int, max_open_bins: int, limits: dict[str, int], pad_id: int,
+            filler: Any) -> Any:
+    """The combiner `pack_mode` names: `BalancedPack` under `balance`, else `Pack`."""
+    if pack_mode == "balanced":
+        if balance is None:
+            raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
+                              "vision tokens per row ([balance] budget = ...); `zephon-vl "
+                              "balance` reports the mean of a recipe as "
+                              "mean_vision_tokens_per_row")
+        b = settings_from_table(BalanceSettings, balance, "balance")
+        return BalancedPack(
+            seq_len, "vision_tokens", b.budget, rows_per_group=rows_per_group,
+            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
+            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=pad_id,
+            filler=filler)
+    if balance is not None:
+        raise ConfigError(f"balance settings apply to pack_mode='balanced', not {pack_mode!r}")
+    return Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
+                limits=limits, pad_id=pad_id, filler=filler)

@@ -9,24 +9,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import StrEnum
 
 from zephon_core.engine.execution import Execution
+from zephon_core.engine.kinds import RunnerKind, StageKind
 from zephon_core.engine.observe import StageStats
-from zephon_core.engine.runners import Runner, RunnerKind, make_runner
+from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
 from zephon_core.ops.text import TokenizerTransform, forget_tokenizers
 
 log = logging.getLogger(__name__)
-
-
-class StageKind(StrEnum):
-    """What a stage does with a lane's elements (a `StrEnum`: equal to its name)."""
-
-    TRANSFORM = "transform"  # stateless, per element, on a runner
-    ACCUMULATOR = "accumulator"  # per-lane state that holds and reorders elements
-    COMBINER = "combiner"  # the last stage: makes the rows
 
 
 @dataclass

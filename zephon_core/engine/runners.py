@@ -27,35 +27,17 @@ import uuid
 import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from enum import StrEnum
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from zephon_core.engine import shm
+from zephon_core.engine.kinds import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element
 
 log = logging.getLogger(__name__)
 
-
-class RunnerKind(StrEnum):
-    """Where a stateless stage runs (`Execution.runner`). A `StrEnum`, so a kind equals and
-    prints as its name (``"threads"``) in settings, logs and JSON."""
-
-    INLINE = "inline"
-    THREADS = "threads"
-    PROCESSES = "processes"
-    RAY = "ray"
-
-    @property
-    def singular(self) -> str:
-        """One worker of this kind, as `explain()` counts it: ``1 thread``, ``1 process``."""
-        return {"threads": "thread", "processes": "process", "ray": "Ray task"}.get(
-            self.value, self.value)
-
-
-RUNNERS = tuple(k.value for k in RunnerKind)
 MAX_ATTEMPTS = 3
 #: A pool that has started once gives up on replacements killed by a signal while
 #: they start only after this long with none ready and no group answered ...
