@@ -89,11 +89,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     special = family.special_tokens(load_tokenizer(tokenizer))
     if image_every_row is None:
         image_every_row = family.image_every_row
-    limits = {}
-    if max_vision_tokens is not None:
-        limits["vision_tokens"] = max_vision_tokens
-    if max_images is not None:
-        limits["images"] = max_images
+    limits = {key: value for key, value in (("vision_tokens", max_vision_tokens),
+                                            ("images", max_images)) if value is not None}
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
     filler = image_filler(image, family, special) if image_every_row else None
     packer = _packer(pack_mode, balance, seq_len, max(1, global_batch_size // num_lanes),
