@@ -7,7 +7,9 @@ setup:
 demo: setup
 	zephon-vl demo
 
+# lint-imports: the layer contracts of .importlinter (docs/architecture.md)
 test: setup
+	lint-imports
 	python3 -m pytest -q -p no:cacheprovider -m "not heavy"
 
 # the tests `make test` leaves out (README.md says which and why)
@@ -16,3 +18,4 @@ test-heavy: setup
 
 lint:
 	ruff check zephon_core zephon_vl benchmarks tests scripts
+	lint-imports

@@ -124,17 +124,12 @@ def _finish(trace: Trace) -> Trace:
 # --- zephon ------------------------------------------------------------------
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
-    """``for batch in Loader(recipe, 0, 1, execution)``; `params["cli"]`: execution options as
-    on the command line, `params["background"]`: the loader's driver thread,
-    `params["fuse"]`: False for one stage per operator."""
-    import dataclasses
-
+    """``for batch in Loader(recipe, 0, 1, execution)``; `params["execution"]`: flat `Execution`
+    settings (`Execution.from_flat`), `params["background"]`: the loader's driver thread."""
     from zephon_core import Loader
 
     recipe = spec.recipe()
-    ex = zephon_execution(list(params.get("cli", [])))
-    if params.get("fuse") is False:
-        ex = dataclasses.replace(ex, fuse=False)
+    ex = zephon_execution(dict(params.get("execution", {})))
     pixels = bool(params.get("pixels"))
     trace = Trace()
     watch = LastStageWatch()

@@ -1,6 +1,6 @@
 """Where zephon's time to the first delivered batch goes (issue 25).
 
-``python -m zephon_bench.first_batch [--workload photos] [--repeat 3] [--cli ...]``
+``python -m zephon_bench.first_batch [--workload photos] [--repeat 3] [--set NAME=VALUE]``
 
 Builds the benchmark's recipe for a workload (as ``zephon-vl bench`` does),
 then times, from the moment ``Loader(...)`` is called: the constructor (plan,
@@ -51,7 +51,7 @@ def _torch_in_workers(loader: Any) -> bool:
     return False
 
 
-def _one(spec_json: dict, cli: list[str], out_fd: int) -> None:
+def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
     from zephon_bench.loaders import zephon_execution
     from zephon_bench.workload import WorkSpec
 
@@ -59,7 +59,7 @@ def _one(spec_json: dict, cli: list[str], out_fd: int) -> None:
 
     spec = WorkSpec.from_json(spec_json)
     recipe = spec.recipe()
-    ex = zephon_execution(cli)
+    ex = zephon_execution(flat)
     events: list[StageEvent] = []
     t0 = time.monotonic()
     loader = Loader(recipe, 0, 1, ex, observer=events.append)
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="photos", help="photos, fullsize or video")
     p.add_argument("--quick", action="store_true", help="the quick data of the workload")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--cli", nargs=argparse.REMAINDER, default=[],
-                   help="execution options as on the command line (last)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a flat Execution setting (docs/settings.md), e.g. --set group_size=2")
     args = p.parse_args(argv)
     if args.workload == "photos":
         from zephon_vl import build_demo_dataset, default_demo_dir
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
             try:
                 os.close(r)
-                _one(spec_json, list(args.cli), wfd)
+                _one(spec_json, dict(item.split('=', 1) for item in args.set), wfd)
                 code = 0
             finally:
                 os._exit(code)

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from zephon_core import ElasticRun, Execution, sample_digest
-from zephon_core.engine.ledger import lane_entries, reader_keys, step_entry
+from zephon_core.extend import lane_entries, reader_keys, step_entry
 
 
 def _make(lanes: int):
-    from zephon_vl.recipes import vlm_demo
+    from zephon_vl import vlm_demo
 
     return lambda: vlm_demo(num_lanes=lanes)
 

@@ -112,24 +112,20 @@ class LastStageWatch:
         return out
 
 
-def zephon_execution(cli_args: list[str]) -> Any:
-    """The `Execution` that `zephon-vl ... <cli_args>` would use: the bench's "default" is
-    exactly the command line's default, whatever it becomes."""
-    import argparse
+def zephon_execution(flat: dict[str, Any]) -> Any:
+    """The `Execution` of flat settings (``{"workers": "decode=2"}``; `Execution.from_flat`):
+    the bench's "default" is `Execution()`'s, whatever it becomes."""
+    from zephon_core import Execution
 
-    from zephon_vl.cli.main import add_execution_args, execution_from
-
-    p = argparse.ArgumentParser()
-    add_execution_args(p)
-    return execution_from(p.parse_args(cli_args))
+    return Execution.from_flat(flat)
 
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
-    """`params["cli"]`: execution options as on the command line, e.g. ``--workers decode=2``."""
+    """`params["execution"]`: flat `Execution` settings, e.g. ``{"workers": "decode=2"}``."""
     from zephon_core import Loader
 
     recipe = spec.recipe()
-    ex = zephon_execution(list(params.get("cli", [])))
+    ex = zephon_execution(dict(params.get("execution", {})))
     trace = Trace()
     watch = LastStageWatch()
     loader = Loader(recipe, 0, 1, ex, observer=watch)

@@ -132,20 +132,19 @@ def workers_configurations(ncpu: int) -> list[dict]:
     """``--grid workers``: delivered batches with ``--workers auto`` beside fixed splits
     (docs/benchmarks.md, "Workers that size themselves")."""
 
-    def c(name: str, cli: list[str], **params: Any) -> dict:
-        return _cfg(f"zephon {name}", "zephon", {"cli": cli, **params}, mode="e2e")
+    def c(name: str, **execution: Any) -> dict:
+        return _cfg(f"zephon {name}", "zephon", {"execution": execution}, mode="e2e")
 
-    cfgs = [c("default", [])]
-    cfgs += [c(f"fixed: read+decode+tokenize fused, {n} processes", ["--default-workers", str(n)])
+    cfgs = [c("default")]
+    cfgs += [c(f"fixed: read+decode+tokenize fused, {n} processes", default_workers=n)
              for n in range(1, ncpu + 2) if n != usable_cores()]
     cfgs.append(c(f"fixed: read+decode {ncpu}, tokenize 1 (two stages)",
-                  ["--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
-                   "--workers", "tokenize=1"]))
-    cfgs.append(c("workers auto", ["--workers", "auto"]))
+                  workers={"read": ncpu, "decode": ncpu, "tokenize": 1}))
+    cfgs.append(c("workers auto", workers="auto"))
     # three process stages: a budget above three leaves the sizer something to move
     budget = max(ncpu, 3) + 1
-    cfgs.append(c(f"workers auto, one stage per operator, budget {budget}",
-                  ["--workers", "auto", "--default-workers", str(budget)], fuse=False))
+    cfgs.append(c(f"workers auto, one stage per operator, budget {budget}", workers="auto",
+                  default_workers=budget, fuse=False))
     return cfgs
 
 
@@ -160,11 +159,11 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
     def c(name: str, family: str, params: dict) -> dict:
         return _cfg(name, family, params, mode="e2e")
 
-    cfgs = [c("zephon default", "zephon", {"cli": []})]
+    cfgs = [c("zephon default", "zephon", {"execution": {}})]
     if not quick:
         cfgs += [c("zephon driver thread (background=True)", "zephon",
-                   {"cli": [], "background": True}),
-                 c("zephon prefetch 4 groups per lane", "zephon", {"cli": ["--prefetch", "4"]})]
+                   {"execution": {}, "background": True}),
+                 c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
                {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]
@@ -180,13 +179,13 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
     return cfgs
 
 
-def _zephon(name: str, *cli: str, scaling: int | None = None) -> dict:
-    return _cfg(f"zephon {name}", "zephon", {"cli": list(cli)}, scaling=scaling)
+def _zephon(name: str, scaling: int | None = None, **execution: Any) -> dict:
+    """A zephon configuration: `execution` is flat `Execution` settings."""
+    return _cfg(f"zephon {name}", "zephon", {"execution": execution}, scaling=scaling)
 
 
 def _zephon_fused(n: int) -> dict:
-    return _zephon(f"read+decode+tokenize fused, {n} processes", "--default-workers", str(n),
-                   scaling=n)
+    return _zephon(f"read+decode+tokenize fused, {n} processes", default_workers=n, scaling=n)
 
 
 def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
@@ -196,18 +195,17 @@ def configurations(quick: bool, ncpu: int, scaling: bool) -> list[dict]:
     core (``usable_cores()``), so it is also the scaling point for that count.
     """
     per_core = usable_cores()
-    cfgs = [_cfg("zephon default", "zephon", {"cli": []}, scaling=per_core)]
+    cfgs = [_cfg("zephon default", "zephon", {"execution": {}}, scaling=per_core)]
     cfgs.append(_zephon(f"read on threads, decode+tokenize fused, {ncpu} processes",
-                        "--op-runner", "read=threads", "--default-workers", str(ncpu)))
+                        runners="read=threads", default_workers=ncpu))
     if quick:
         ggrid = [(1, 2), (2, 1)]
         tgrid = [2]
     else:
         cfgs.append(_zephon(f"decode={ncpu} tokenize=1 (two process stages)",
-                            "--workers", f"read={ncpu}", "--workers", f"decode={ncpu}",
-                            "--workers", "tokenize=1"))
-        cfgs += [_zephon("group size 4", "--group-size", "4"),
-                 _zephon("prefetch 4 groups per lane", "--prefetch", "4")]
+                            workers=f"read={ncpu},decode={ncpu},tokenize=1"))
+        cfgs += [_zephon("group size 4", group_size=4),
+                 _zephon("prefetch 4 groups per lane", prefetch=4)]
         if per_core != ncpu:
             cfgs.append(_zephon_fused(ncpu))
         ggrid = [(1, 2), (1, 4), (2, 1), (2, 2)]

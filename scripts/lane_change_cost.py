@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import time
 
-from zephon_core import Execution, Loader, change_lanes
-from zephon_core.recipes.text import text_demo
+from zephon_core import Execution, Loader, change_lanes, load_recipe
+
+INLINE = Execution(runner="inline")
 
 
 def main() -> None:
     for L, L2 in ((8, 16), (16, 8)):
         for K in (4, 40, 200):
-            with Loader(text_demo(num_lanes=L), 0, 1, Execution(runner="inline")) as ld:
+            with Loader(load_recipe("text-demo", num_lanes=L), 0, 1, INLINE) as ld:
                 for _ in range(K):
                     ld.next_rows()
                 state = json.loads(json.dumps(ld.state_dict()))
@@ -27,13 +28,13 @@ def main() -> None:
             held += sum(len(a["buffer"]) for snap in state["lanes"].values()
                         for a in snap["accumulators"].values())
             t0 = time.perf_counter()
-            new = change_lanes(state, text_demo(num_lanes=L2))
+            new = change_lanes(state, load_recipe("text-demo", num_lanes=L2))
             t_change = time.perf_counter() - t0
             rls = [s["source"]["relaned"] for s in new["lanes"].values()]
             carried = sum(len(r["carry"]) for r in rls)
             holes = sum(len(e) for r in rls for e in r["explicit"])
             rows = sum(len(s["packer"]["ready"]) for s in new["lanes"].values())
-            with Loader(text_demo(num_lanes=L2), 0, 1, Execution(runner="inline")) as ld:
+            with Loader(load_recipe("text-demo", num_lanes=L2), 0, 1, INLINE) as ld:
                 t0 = time.perf_counter()
                 ld.load_state_dict(new)
                 t_restore = time.perf_counter() - t0

@@ -67,8 +67,7 @@ def executions(workers: int) -> dict:
 
 
 def delivered(name: str, ex, cluster: LocalRayCluster, steps: int, warmup: int) -> dict:
-    from zephon_core import load_recipe
-    from zephon_core.engine.simulate import ElasticRun
+    from zephon_core import ElasticRun, load_recipe
 
     with ElasticRun(lambda: load_recipe("vlm-demo"), ex) as run:
         sim = run.ranks(1)
@@ -88,10 +87,8 @@ def identity(payload: object) -> object:
 
 def overhead(kind: str, cluster: LocalRayCluster, workers: int, groups: int) -> dict:
     """Per-sample cost of a runner on a stage that does nothing: wall and CPU."""
-    from zephon_core import Map
-    from zephon_core.engine.runners import make_runner
-    from zephon_core.ops.contract import StageFn
-    from zephon_core.records import Element, Origin
+    from zephon_core import Element, Map, Origin, StageFn
+    from zephon_core.extend import make_runner
 
     fn = StageFn([Map(identity, name="identity")])
     runner = make_runner(kind, fn, workers, "spawn", "identity", None, None,

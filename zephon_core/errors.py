@@ -11,6 +11,18 @@ class ConfigError(ZephonError):
     """A recipe or a combination of settings that cannot work (e.g. L % D != 0)."""
 
 
+class UnknownKeyError(ConfigError):
+    """A key a recipe factory or a settings table does not take. `key` names it, so an
+    adapter can reword the error in its own spelling (never by matching the text)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (UnknownKeyError, (str(self), self.key))
+
+
 class CheckpointError(ZephonError):
     """A checkpoint that is corrupt, of another version, or made by another recipe."""
 

@@ -11,7 +11,7 @@ imports torchtitan).
 
 from __future__ import annotations
 
-from zephon_core.common.exports import lazy_exports
+from zephon_core.extend import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # media
@@ -62,8 +62,8 @@ _EXPORTS: dict[str, str] = {
     "patch_rows_from_frames": "zephon_vl.ops.device",
     "to_device": "zephon_vl.ops.device",
     # recipes and demo data
-    "vlm_demo": "zephon_vl.recipes",
-    "vlm_mix_demo": "zephon_vl.recipes",
+    "vlm_demo": "zephon_vl.demo.recipes",
+    "vlm_mix_demo": "zephon_vl.demo.recipes",
     "image_filler": "zephon_vl.ops.filler",
     "vlm_recipe": "zephon_vl.recipes",
     "DemoDataset": "zephon_vl.demo.data",

@@ -1,4 +1,4 @@
-"""The vision-language recipe and the built-ins `vlm-demo` and `vlm-mix-demo`.
+"""The vision-language recipe, `vlm_recipe` (the demos built on it: `zephon_vl.demo.recipes`).
 
 Operators, per lane: shuffle pointers -> read samples through each
 dataset's format (tar members, LLaVA/messages/OBELICS records, Parquet rows
@@ -28,6 +28,7 @@ from zephon_core import (
     ChatFraming,
     ConfigError,
     Dataset,
+    DatasetSpec,
     Pack,
     Phase,
     Read,
@@ -36,12 +37,12 @@ from zephon_core import (
     ShuffleSettings,
     load_tokenizer,
 )
-from zephon_core.data.formats import DatasetSpec, dataset_reader
-from zephon_core.recipes.registry import settings_from_table
+from zephon_core.extend import dataset_reader, settings_from_table
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
+from zephon_vl.ops.collate import VLCollate
 from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
@@ -91,31 +92,15 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     (`Recipe`; docs/elastic-changes.md).
     """
     family = vision_family(family)
-    named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
-             else {"data": shards})
-    weights = dict(weights or {})
-    if set(weights) - set(named):
-        raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
     if image_every_row is None:
         image_every_row = family.image_every_row
-    datasets, wants_image = [], []
-    for n, given in named.items():
-        try:
-            spec, wants = _image_every_row(given, image_every_row)
-            datasets.append(Dataset(n, dataset_reader(spec, index_cache),
-                                    float(weights.get(n, 1.0))))
-        except ConfigError as exc:
-            raise ConfigError(f"dataset {n!r}: {exc}") from None
-        wants_image.append(wants)
+    datasets, wants_image = _datasets(shards, weights, index_cache, image_every_row)
     special = family.special_tokens(load_tokenizer(tokenizer))
     framing = family.framing(chat)
-    limits = {}
-    if max_vision_tokens is not None:
-        limits["vision_tokens"] = max_vision_tokens
-    if max_images is not None:
-        limits["images"] = max_images
+    limits = {key: value for key, value in (("vision_tokens", max_vision_tokens),
+                                            ("images", max_images)) if value is not None}
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
     filler = None
     if any(wants_image):
@@ -123,25 +108,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
         if not all(wants_image):
             filler = dataclasses.replace(filler, datasets=frozenset(
                 i for i, wants in enumerate(wants_image) if wants))
-    if pack_mode == "balanced":
-        if balance is None:
-            raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
-                              "vision tokens per row ([balance] budget = ...); `zephon-vl "
-                              "balance` reports the mean of a recipe as "
-                              "mean_vision_tokens_per_row")
-        b = settings_from_table(BalanceSettings, balance, "balance")
-        packer: Any = BalancedPack(
-            seq_len, "vision_tokens", b.budget, rows_per_group=max(1, global_batch_size
-                                                                   // num_lanes),
-            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
-            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=special.pad,
-            filler=filler)
-    else:
-        if balance is not None:
-            raise ConfigError(f"balance settings apply to pack_mode='balanced', not "
-                              f"{pack_mode!r}")
-        packer = Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
-                      limits=limits, pad_id=special.pad, filler=filler)
+    packer = _packer(pack_mode, balance, seq_len, max(1, global_batch_size // num_lanes),
+                     max_open_bins, limits, special.pad, filler)
     ops += [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error),
@@ -152,8 +120,30 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
-                  collate=family.collate(seq_len, image, special),
+                  collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _datasets(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
+              weights: Mapping[str, float] | None, index_cache: str | None,
+              image_every_row: bool) -> tuple[list[Dataset], list[bool]]:
+    """`vlm_recipe`'s datasets by name (one unnamed dataset is ``data``), with weights, and
+    whether each wants the row filler (its own ``image_every_row``, else the recipe's)."""
+    named = (dict(shards) if isinstance(shards, Mapping) and not isinstance(shards, DatasetSpec)
+             else {"data": shards})
+    weights = dict(weights or {})
+    if set(weights) - set(named):
+        raise ConfigError(f"weights name unknown datasets: {sorted(set(weights) - set(named))}")
+    datasets, wants_image = [], []
+    for n, given in named.items():
+        try:
+            spec, wants = _image_every_row(given, image_every_row)
+            datasets.append(Dataset(n, dataset_reader(spec, index_cache),
+                                    float(weights.get(n, 1.0))))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {n!r}: {exc}") from None
+        wants_image.append(wants)
+    return datasets, wants_image
 
 
 def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool]:
@@ -173,54 +163,23 @@ def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool
     return given, wants
 
 
-def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
-    """The demos' tokenizer: ``tokenizer`` if given, else the recipe family's own (the
-    bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
-    given = overrides.pop("tokenizer", None)
-    return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
-
-
-def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
-             seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
-    """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
-    from zephon_vl.demo.data import build_demo_dataset
-
-    demo = build_demo_dataset(num_samples=num_samples)
-    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
-                      seq_len=seq_len,
-                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, name="vlm-demo", **overrides)
-
-
-#: `vlm-mix-demo`'s balance: its mean vision tokens per row (`zephon-vl balance`), heavy
-#: steps for its 2- and 3-image documents (up to 3 x 256 vision tokens)
-MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
-
-
-def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
-                 seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
-    """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
-
-    About half of the rows hold no image of their own, so the row filler
-    (guarantee 10) and the balanced packing mode have work to do.
-    """
-    from zephon_core.recipes.assets import text_corpus
-    from zephon_vl.demo.data import build_demo_dataset
-
-    demo = build_demo_dataset(num_samples=num_samples)
-    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
-    overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
-    if overrides.get("pack_mode") == "balanced":
-        overrides.setdefault("balance", MIX_DEMO_BALANCE)
-    return vlm_recipe({"photos": [str(s) for s in demo.shards],
-                       "text": [str(p) for p in text_corpus()]},
-                      _demo_tokenizer(overrides), seq_len=seq_len,
-                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
-
-
-def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
-    """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
-    overrides.setdefault("pack_mode", "balanced")
-    return vlm_mix_demo(**{"name": "vlm-mix-demo-balanced", **overrides})
+def _packer(pack_mode: str, balance: BalanceSettings | Mapping[str, Any] | None, seq_len: int,
+            rows_per_group: int, max_open_bins: int, limits: dict[str, int], pad_id: int,
+            filler: Any) -> Any:
+    """The combiner `pack_mode` names: `BalancedPack` under `balance`, else `Pack`."""
+    if pack_mode == "balanced":
+        if balance is None:
+            raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
+                              "vision tokens per row ([balance] budget = ...); `zephon-vl "
+                              "balance` reports the mean of a recipe as "
+                              "mean_vision_tokens_per_row")
+        b = settings_from_table(BalanceSettings, balance, "balance")
+        return BalancedPack(
+            seq_len, "vision_tokens", b.budget, rows_per_group=rows_per_group,
+            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
+            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=pad_id,
+            filler=filler)
+    if balance is not None:
+        raise ConfigError(f"balance settings apply to pack_mode='balanced', not {pack_mode!r}")
+    return Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
+                limits=limits, pad_id=pad_id, filler=filler)

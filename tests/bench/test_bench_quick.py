@@ -47,7 +47,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> WorkSpec:
 
 def test_every_loader_delivers_the_same_samples_and_tokens(spec: WorkSpec) -> None:
     traces = {
-        "zephon": loaders.run_zephon(spec, {"cli": ["--runner", "inline"]}),
+        "zephon": loaders.run_zephon(spec, {"execution": {"runner": "inline"}}),
         "grain": loaders.run_grain(spec, {"workers": 0, "threads": 1}),
         "torch": loaders.run_torch(spec, {"workers": 0, "batch_size": 4}),
         "limit": loaders.run_limit(spec, {"processes": 1}),
@@ -71,7 +71,7 @@ def test_every_loader_delivers_the_same_collated_batches(spec: WorkSpec) -> None
     (an exact sum) for every loader, however each packs; the same samples as the worker
     stage."""
     runs = {
-        "zephon": ({"cli": ["--runner", "inline"]}),
+        "zephon": ({"execution": {"runner": "inline"}}),
         "grain": ({"workers": 1, "threads": 1}),
         "torch": ({"workers": 2}),
         "limit": ({"processes": 2}),

@@ -91,7 +91,7 @@ def test_command_line_spells_the_ray_settings():
 
     p = argparse.ArgumentParser()
     add_execution_args(p)
-    args = p.parse_args(["--runner", "ray", "--op-runner", "read=processes",
+    args = p.parse_args(["--runner", "ray", "--runners", "read=processes",
                          "--ray-address", "127.0.0.1:6379", "--ray-resources", "zephon_cpu=1"])
     ex = execution_from(args)
     assert (ex.runner, ex.runners) == ("ray", {"read": "processes"})

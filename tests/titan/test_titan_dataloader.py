@@ -63,7 +63,7 @@ def test_builds_with_trainer_kwargs_and_yields_batches():
 def test_storage_settings_reach_execution_and_change_no_batch():
     base = ZephonDataLoader.Config(runner="inline", recipe="text-demo", num_lanes=4,
                                    global_batch_size=4)
-    tuned = dataclasses.replace(base, retry_deadline=7.5, coalesce_bytes=0)
+    tuned = dataclasses.replace(base, retry_deadline=7.5, coalesce_max_bytes=0)
     got = {}
     for name, cfg in (("base", base), ("tuned", tuned)):
         dl = build(cfg, local_batch_size=4)

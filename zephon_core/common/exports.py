@@ -9,7 +9,8 @@ from typing import Any
 
 def lazy_exports(package: str, table: dict[str, str],
                  namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """`__getattr__` and `__dir__` for `package`, whose name `n` lives in module `table[n]`.
+    """`__getattr__` and `__dir__` for `package`, whose name `n` lives in module `table[n]`
+    (``"module:attr"`` when it has another name there).
 
     Importing the package then costs nothing, and a worker process loads only
     the modules its operators use.
@@ -19,7 +20,8 @@ def lazy_exports(package: str, table: dict[str, str],
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        module, _, attr = module.partition(":")
+        value = getattr(importlib.import_module(module), attr or name)
         namespace[name] = value
         return value
 

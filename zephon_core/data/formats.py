@@ -87,7 +87,7 @@ class TextFormat:
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> ShardReader:
-        from zephon_core.recipes.text import reader_for
+        from zephon_core.data.readers import reader_for
 
         reader = reader_for(spec.file_list)
         wanted = (fields["text"], *self.chats)

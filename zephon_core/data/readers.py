@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,11 +21,18 @@ from zephon_core.errors import ConfigError
 
 @runtime_checkable
 class ShardReader(Protocol):
-    """What a dataset needs from its storage.
+    """What a dataset needs from its storage: shards of numbered samples.
 
-    A reader may also have ``read_many(pointers) -> list`` (``[(shard, index), ...]``
-    -> the same as `read` of each): `Read` then hands it a whole group, so it can
-    merge neighbouring samples into one request (`WebDatasetReader` does, for URLs).
+    Required: `num_shards`, `shard_len`, `describe_shard` (a JSON view of one shard for
+    fingerprints and errors) and `read`. A reader may also offer optional capabilities,
+    each a small protocol below, which the engine uses when present (and never needs):
+
+    - `ReadsMany`: ``read_many(pointers)``, a whole group at once, so neighbouring samples
+      of one remote shard share a range request (`WebDatasetReader` for URLs);
+    - `KnowsShardLengths`: ``shard_lengths()``, every shard's length without opening
+      shards (a manifest answers it);
+    - `NamesSamples`: ``key(shard, index)``, the sample's own key (a tar member's stem,
+      a record's id), written to the ledger and shown by ``zephon-vl inspect-data``.
     """
 
     @property
@@ -37,13 +45,38 @@ class ShardReader(Protocol):
     def read(self, shard: int, index: int) -> Any: ...
 
 
+@runtime_checkable
+class ReadsMany(Protocol):
+    """Optional: `read` of many ``(shard, index)`` pointers at once, in their order."""
+
+    def read_many(self, pointers: list[tuple[int, int]]) -> list[Any]: ...
+
+
+@runtime_checkable
+class KnowsShardLengths(Protocol):
+    """Optional: every shard's sample count, in shard order, without opening a shard."""
+
+    def shard_lengths(self) -> list[int]: ...
+
+
+@runtime_checkable
+class NamesSamples(Protocol):
+    """Optional: the sample's own key (stable across runs), for ledgers and inspection."""
+
+    def key(self, shard: int, index: int) -> str: ...
+
+
 def shard_lengths(reader: ShardReader) -> list[int]:
-    """Every shard's sample count, through the reader's bulk ``shard_lengths()`` when it has
-    one (a manifest answers it without opening a shard), else shard by shard."""
-    bulk = getattr(reader, "shard_lengths", None)
-    if callable(bulk):
-        return [int(n) for n in bulk()]
+    """Every shard's sample count, through `KnowsShardLengths` when the reader has it,
+    else shard by shard."""
+    if isinstance(reader, KnowsShardLengths):
+        return [int(n) for n in reader.shard_lengths()]
     return [reader.shard_len(s) for s in range(reader.num_shards)]
+
+
+def sample_key_of(reader: ShardReader) -> Any:
+    """The reader's ``key(shard, index)`` (`NamesSamples`), or None."""
+    return reader.key if isinstance(reader, NamesSamples) else None
 
 
 class InMemoryReader:
@@ -177,3 +210,17 @@ class ParquetReader:
             cached = (group, table.to_pylist())
             self._cache[shard] = cached
         return cached[1][index - int(starts[group])]
+
+
+def reader_for(files: Sequence[str | os.PathLike]) -> ShardReader:
+    """The ``text`` format's reader: JSONL or Parquet, by the files' suffix."""
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise ConfigError("a dataset needs at least one file")
+    suffixes = {p.suffix.lower() for p in paths}
+    if suffixes <= {".jsonl", ".json"}:
+        return JsonlReader(paths)
+    if suffixes == {".parquet"}:
+        return ParquetReader(paths)
+    raise ConfigError(f"cannot read files with suffixes {sorted(suffixes)}: a dataset is "
+                      "either .jsonl or .parquet files")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from zephon_core.common.settings import setting
 from zephon_core.errors import BadSampleError
 
 _LOCAL_SCHEMES = ("", "file")
@@ -70,10 +71,13 @@ class RetryPolicy:
     answers counts as a failure (and is retried) instead of hanging the reader.
     Never part of a fingerprint: retries change when a batch comes, not what it holds."""
 
-    deadline: float = 120.0
-    initial: float = 0.2
-    maximum: float = 10.0
-    request_timeout: float = 60.0
+    deadline: float = setting(120.0, unit="seconds", help="keep retrying a failing read "
+                              "from a URL this long, then stop naming the shard and offset "
+                              "(never a skipped sample)")
+    initial: float = setting(0.2, unit="seconds", help="the first pause between tries")
+    maximum: float = setting(10.0, unit="seconds", help="the longest pause between tries")
+    request_timeout: float = setting(60.0, unit="seconds", help="the longest one request "
+                                     "may take before it counts as a failure")
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,11 @@ class Coalesce:
     than a second request; local files (``pread``) are never coalesced.
     """
 
-    max_bytes: int = 8 << 20
-    max_gap: int = 1 << 20
+    max_bytes: int = setting(8 << 20, unit="bytes", help="largest range request that merges "
+                             "neighbouring samples of one remote shard (0: one request per "
+                             "sample)")
+    max_gap: int = setting(1 << 20, unit="bytes", help="samples at most this far apart "
+                           "share a range request")
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from zephon_core.common.settings import from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
-from zephon_core.engine.runners import RUNNERS
+from zephon_core.engine.kinds import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
@@ -25,17 +27,8 @@ def parse_op_values(spec: str | Iterable[str], cast: Callable[[str], object] = i
     """
     items = [spec] if isinstance(spec, str) else list(spec)
     out: dict = {}
-    for part in (p.strip() for item in items for p in item.split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        try:
-            if not sep or not name.strip():
-                raise ValueError
-            out[name.strip()] = cast(value.strip())
-        except ValueError:
-            raise ConfigError(f"expected OP={what} items separated by commas, got {part!r} "
-                              "(e.g. 'decode=2,tokenize=1')") from None
+    for item in items:
+        out.update(parse_items(item, cast, f"OP={what}"))
     return out
 
 
@@ -87,55 +80,80 @@ class Execution:
     reads from URLs (docs/storage.md); every stage carries them to its workers.
     """
 
-    runner: str = "auto"
-    runners: dict[str, str] = field(default_factory=dict)
-    workers: dict[str, int] | str = field(default_factory=dict)
-    default_workers: int | None = None
-    group_size: int = 8
-    #: groups in flight per lane and stage; None: enough to give every worker two groups
-    #: (at least 2), so many lanes do not pile up finished documents in memory
-    prefetch: int | None = None
-    prefetch_steps: int = 1
-    start_method: str = "spawn"
-    fuse: bool = True
-    #: seconds a process worker may spend on one group before it is killed and replaced
-    #: and the group re-run (None: wait forever). A healthy group takes well under a
-    #: second, a slow read or a long video seconds: 300 s never fires on those, yet a hang
-    #: surfaces, naming its samples, before torch's 10-minute collective timeout kills
-    #: the job with no hint
-    group_timeout: float | None = 300.0
-    #: seconds without a new row (on any of the rank's lanes) before the loader logs a
-    #: warning with each lane's drop counts by reason (None: never); repeated every
-    #: `stall_seconds` while it lasts. Only a log line: it never stops the run
-    stall_seconds: float | None = 60.0
-    #: a lane that drops this many consecutive samples (none reaching a row or an open
-    #: bin in between) stops with a NoRowsError naming the reasons, e.g. seq_len smaller
-    #: than every sample (None: never). The point where it stops is a function of the
-    #: lane's data, not of timing, so every run stops at the same sample
-    stall_drops: int | None = 2000
+    runner: str = setting(
+        "auto", choices=("auto", *RUNNERS),
+        help="default runner of every operator (auto: each operator's own: processes for "
+        "read, decode and tokenize, fused into one stage)")
+    runners: dict[str, str] = setting(
+        default_factory=dict, metavar="OP=KIND", parse=lambda text: parse_runners(text),
+        help="runner of one operator, e.g. read=threads (the others keep `runner`)")
+    workers: dict[str, int] | str = setting(
+        default_factory=dict, metavar="OP=N|auto", parse=lambda text: parse_workers(text),
+        help="workers of one operator, e.g. tokenize=2; auto: split the rank's budget over "
+        "the process stages by their measured cost while the run goes (never changes a batch)")
+    default_workers: int | None = setting(
+        None, help="workers of every operator not in `workers` (none: usable cores // ranks "
+        "on this machine for process and Ray stages, one thread for thread stages)")
+    group_size: int = setting(8, unit="samples", help="samples per worker call")
+    prefetch: int | None = setting(
+        None, unit="groups", help="groups in flight per lane and stage (none: enough to give "
+        "every worker two groups, at least 2, so many lanes do not pile up finished "
+        "documents in memory)")
+    prefetch_steps: int = setting(1, unit="steps", help="steps collated ahead of the trainer")
+    start_method: str = setting("spawn", choices=("spawn", "forkserver", "fork"),
+                                help="how process workers start (multiprocessing)")
+    fuse: bool = setting(True, help="fuse consecutive transforms with the same runner and "
+                         "worker count into one stage (one worker call per group)")
+    group_timeout: float | None = setting(
+        300.0, unit="seconds", help="a process worker may spend this long on one group "
+        "before it is killed and replaced and the group re-run (none: wait forever). A "
+        "healthy group takes well under a second, a slow read or a long video seconds: 300 s "
+        "never fires on those, yet a hang surfaces, naming its samples, before torch's "
+        "10-minute collective timeout kills the job with no hint")
+    stall_seconds: float | None = setting(
+        60.0, unit="seconds", help="log each lane's drops by reason after this long without "
+        "a new row on any of the rank's lanes, repeated while it lasts (none: never). Only a "
+        "log line: it never stops the run")
+    stall_drops: int | None = setting(
+        2000, unit="samples", help="a lane that drops this many consecutive samples (none "
+        "reaching a row or an open bin in between) stops with a NoRowsError naming the "
+        "reasons, e.g. seq_len smaller than every sample (none: never). Where it stops is a "
+        "function of the lane's data, not of timing")
     #: how reads from URLs are retried (`RetryPolicy`): a deadline, never a skipped sample
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: how a group's neighbouring samples in one remote shard share a range request
     coalesce: Coalesce = field(default_factory=Coalesce)
-    #: bytes of finished documents (decoded pixels, tokens: packer bins, rows waiting for
-    #: their step, prefetched steps) one rank's lanes may hold before they stop drawing
-    #: new samples (backpressure, never drops; None: no bound). See `engine/backlog.py`
-    #: for what may pass it: a step whose rows alone need more, one group per lane
-    backlog_bytes: int | None = 256 << 20
-    #: with `Loader(background=True)`, where a step is collated: "driver" (after the lanes,
-    #: in the driver thread) or "thread" (a thread of its own, while the driver runs the
-    #: lanes: it overlaps numpy's work with the driver's Python, but every numpy call hands
-    #: the GIL back and forth; measured slower on 2 busy cores, see docs/collate.md)
-    collate_in: str = "driver"
-    #: collate into page-locked memory (CUDA hosts), ready for a non_blocking copy
-    pin_memory: bool = False
-    #: with the ray runner: the cluster's head, ``host:port`` (None: ``RAY_ADDRESS``, else
-    #: the latest cluster started on this machine, else a local Ray instance). docs/ray.md
-    ray_address: str | None = None
-    #: with the ray runner: custom resources every task asks for besides one CPU, e.g.
-    #: ``{"zephon_cpu": 1}``, offered only by the CPU-only node pool (``ray start
-    #: --resources``), so tasks never take the trainers' CPUs
-    ray_resources: dict[str, float] = field(default_factory=dict)
+    backlog_bytes: int | None = setting(
+        256 << 20, unit="bytes", help="bytes of finished documents (decoded pixels, tokens: "
+        "packer bins, rows waiting for their step, prefetched steps) one rank's lanes may "
+        "hold before they stop drawing new samples (backpressure, never drops; none: no "
+        "bound). See engine/backlog.py for what may pass it")
+    collate_in: str = setting(
+        "driver", choices=("driver", "thread"), help="with a background loader, where a step "
+        "is collated: driver (after the lanes, in the driver thread) or thread (a thread of "
+        "its own; measured slower on 2 busy cores, see docs/collate.md)")
+    pin_memory: bool = setting(False, help="collate into page-locked memory (CUDA hosts), "
+                               "ready for a non_blocking copy")
+    ray_address: str | None = setting(
+        None, metavar="HOST:PORT", help="with the ray runner: the cluster's head (none: "
+        "RAY_ADDRESS, else the latest cluster started on this machine, else a local Ray "
+        "instance; docs/ray.md)")
+    ray_resources: dict[str, float] = setting(
+        default_factory=dict, metavar="NAME=N", parse=lambda text: parse_resources(text),
+        help="with the ray runner: custom resources every task asks for besides one CPU, "
+        "e.g. zephon_cpu=1, offered only by the CPU-only node pool (ray start --resources), "
+        "so tasks never take the trainers' CPUs")
+
+    @classmethod
+    def from_flat(cls, flat: Mapping[str, Any]) -> Execution:
+        """An `Execution` from flat names (``retry_deadline``, ``backlog_bytes``), typed
+        or spelled as on the command line: the one path of the command line and the
+        TorchTitan config (`zephon_core.common.settings`)."""
+        return from_flat(cls, flat)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat view: flat name -> value, what `from_flat` reads back."""
+        return to_flat(self)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, str) and self.workers != AUTO:

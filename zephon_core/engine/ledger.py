@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.common.digest import SAMPLE_DIGEST
+from zephon_core.data.readers import sample_key_of
 from zephon_core.engine.checkpoint import fingerprint_digest, first_difference, short_json
 from zephon_core.errors import ZephonError
 from zephon_core.ops.contract import Row
@@ -171,7 +172,7 @@ def mixture_shares(entry: dict, names: list[str], by: str = "tokens") -> dict[st
 
 def reader_keys(recipe: Any) -> Any:
     """`keys(dataset, shard, index)` for `lane_entries`: the reader's sample key, if it has one."""
-    getters = [getattr(d.reader, "key", None) for d in recipe.datasets]
+    getters = [sample_key_of(d.reader) for d in recipe.datasets]
     if not any(getters):
         return None
 

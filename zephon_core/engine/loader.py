@@ -38,8 +38,8 @@ from zephon_core.engine.runners import Runner
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
-from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Origin
+from zephon_core.spec import Recipe
 
 log = logging.getLogger(__name__)
 

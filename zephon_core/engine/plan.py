@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from zephon_core.engine.execution import Execution
+from zephon_core.engine.kinds import RunnerKind, StageKind
 from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
@@ -25,9 +26,9 @@ class Stage:
     """One step of the compiled lane pipeline."""
 
     index: int
-    kind: str  # "transform" | "accumulator" | "combiner"
+    kind: StageKind
     ops: list[Operator]
-    runner_kind: str = "inline"
+    runner_kind: RunnerKind = RunnerKind.INLINE
     workers: int = 1
 
     @property
@@ -72,23 +73,26 @@ class Plan:
         self.stages: list[Stage] = []
         for op in ops:
             if isinstance(op, Transform):
-                kind, workers = execution.runner_for(op)
+                name, workers = execution.runner_for(op)
+                kind = RunnerKind(name)
                 last = self.stages[-1] if self.stages else None
-                if (execution.fuse and last is not None and last.kind == "transform"
+                if (execution.fuse and last is not None and last.kind is StageKind.TRANSFORM
                         and (last.runner_kind, last.workers) == (kind, workers)):
                     last.ops.append(op)
                 else:
-                    self.stages.append(Stage(len(self.stages), "transform", [op], kind, workers))
+                    self.stages.append(Stage(len(self.stages), StageKind.TRANSFORM, [op], kind,
+                                             workers))
             elif isinstance(op, AccumulatorOp):
-                self.stages.append(Stage(len(self.stages), "accumulator", [op]))
+                self.stages.append(Stage(len(self.stages), StageKind.ACCUMULATOR, [op]))
             elif isinstance(op, CombinerOp):
-                self.stages.append(Stage(len(self.stages), "combiner", [op]))
+                self.stages.append(Stage(len(self.stages), StageKind.COMBINER, [op]))
             else:
                 raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
                                   "AccumulatorOp nor a CombinerOp")
         if execution.auto_workers:
             self._split_budget()
-        workers = max((s.workers for s in self.stages if s.runner_kind != "inline"), default=1)
+        workers = max((s.workers for s in self.stages if s.runner_kind is not RunnerKind.INLINE),
+                      default=1)
         if execution.auto_workers:  # room for the most workers a stage may be given
             workers = max(workers, execution.worker_budget())
         self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
@@ -98,7 +102,7 @@ class Plan:
         (at least one each); `engine/autoscale.py` moves them by measured cost."""
         from zephon_core.engine.autoscale import split_workers
 
-        sized = [s for s in self.stages if s.runner_kind == "processes"]
+        sized = [s for s in self.stages if s.runner_kind is RunnerKind.PROCESSES]
         split = split_workers({str(s.index): 1.0 for s in sized},
                               self.execution.worker_budget())
         for s in sized:
@@ -112,7 +116,7 @@ class Plan:
     @property
     def last_transform(self) -> int | None:
         """The stage whose outputs reach the combiner unchanged (accumulators keep payloads)."""
-        return max((s.index for s in self.stages if s.kind == "transform"), default=None)
+        return max((s.index for s in self.stages if s.kind is StageKind.TRANSFORM), default=None)
 
     def stage_fn(self, stage: Stage) -> StageFn:
         """With `digests` (the ledger), the last transform stage hashes each sample it makes."""
@@ -122,7 +126,7 @@ class Plan:
 
     def prefix_fn(self, upto: int) -> StageFn:
         """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""
-        return StageFn([op for s in self.stages[:upto] if s.kind == "transform"
+        return StageFn([op for s in self.stages[:upto] if s.kind is StageKind.TRANSFORM
                         for op in s.ops],  # type: ignore[misc]
                        storage=self.execution.storage())
 
@@ -131,9 +135,10 @@ class Plan:
         worker loads its own):
         drop the tokenizers this process loaded to build the recipe or to recompute
         payloads on restore, and return their memory."""
-        stages = [s for s in self.stages if s.kind == "transform"
+        stages = [s for s in self.stages if s.kind is StageKind.TRANSFORM
                   and any(isinstance(op, TokenizerTransform) for op in s.ops)]
-        if not stages or any(s.runner_kind not in ("processes", "ray") for s in stages):
+        remote = (RunnerKind.PROCESSES, RunnerKind.RAY)
+        if not stages or any(s.runner_kind not in remote for s in stages):
             return
         for s in stages:
             for op in s.ops:
@@ -146,7 +151,7 @@ class Plan:
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
                                      ex.start_method, s.name, ex.group_timeout,
                                      ex.ray_address, ex.ray_resources)
-                for s in self.stages if s.kind == "transform"}
+                for s in self.stages if s.kind is StageKind.TRANSFORM}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,
                 stats: StageStats | None = None) -> str:
@@ -156,16 +161,16 @@ class Plan:
         lines = [f"zephon plan (per lane, in order; {ex.budget_note()}):"]
         lines.append("  source: pointers from the work source (no I/O)")
         for s in self.stages:
-            if s.kind == "transform":
-                par = "in the driver thread" if s.runner_kind == "inline" else \
-                    f"{s.workers} {s.runner_kind[:-1] if s.workers == 1 else s.runner_kind}"
-                if s.runner_kind == "ray":
+            if s.kind is StageKind.TRANSFORM:
+                par = "in the driver thread" if s.runner_kind is RunnerKind.INLINE else \
+                    f"{s.workers} {s.runner_kind.singular if s.workers == 1 else s.runner_kind}"
+                if s.runner_kind is RunnerKind.RAY:
                     par = (f"{s.workers} Ray task{'s' if s.workers > 1 else ''} at once"
                            + (f" on nodes with {ex.ray_resources}" if ex.ray_resources else ""))
                 lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
                              f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
                              "per lane]")
-            elif s.kind == "accumulator":
+            elif s.kind is StageKind.ACCUMULATOR:
                 lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")
             else:
                 lines.append(f"  stage {s.index}: {s.name} [combiner: makes the rows, per-lane "

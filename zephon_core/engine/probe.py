@@ -14,15 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.data.readers import shard_lengths
+from zephon_core.data.readers import sample_key_of, shard_lengths
 from zephon_core.data.sources import DatasetOrder
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.lane import element_key
 from zephon_core.engine.plan import Plan
 from zephon_core.errors import BadSampleError
 from zephon_core.ops.contract import StageFn
-from zephon_core.recipes.recipe import Recipe
 from zephon_core.records import Dropped, Element, Origin
+from zephon_core.spec import Recipe
 
 
 @dataclass
@@ -42,7 +42,7 @@ def probe_dataset(recipe: Recipe, dataset: int, n: int, group: int = 16) -> list
     fn.setup()
     reader = recipe.datasets[dataset].reader
     order = DatasetOrder(shard_lengths(reader), recipe.seed, dataset, recipe.shuffle)
-    get_key = getattr(reader, "key", None)
+    get_key = sample_key_of(reader)
     out: list[Probed] = []
     positions = list(range(min(n, order.total)))
     for start in range(0, len(positions), group):

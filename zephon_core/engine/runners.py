@@ -34,12 +34,13 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from zephon_core.engine import shm
+from zephon_core.engine.kinds import RUNNERS
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element
 
 log = logging.getLogger(__name__)
-RUNNERS = ("inline", "threads", "processes", "ray")
+
 MAX_ATTEMPTS = 3
 #: A pool that has started once gives up on replacements killed by a signal while
 #: they start only after this long with none ready and no group answered ...

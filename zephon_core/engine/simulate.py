@@ -32,7 +32,7 @@ from zephon_core.engine.loader import Loader
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
 from zephon_core.ops.pack import Row
-from zephon_core.recipes.recipe import Recipe
+from zephon_core.spec import Recipe
 
 
 @dataclass

@@ -54,8 +54,8 @@ from typing import Any
 from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
-from zephon_core.errors import ConfigError
-from zephon_core.recipes.recipe import Recipe
+from zephon_core.errors import ConfigError, UnknownKeyError
+from zephon_core.spec import Recipe
 
 RecipeFactory = Callable[..., Recipe]
 #: a factory, or where to import it from: ``"package.module:function"``
@@ -63,9 +63,9 @@ FactoryRef = RecipeFactory | str
 
 _RECIPES: dict[str, FactoryRef] = {
     "text-demo": "zephon_core.recipes.text:text_demo",
-    "vlm-demo": "zephon_vl.recipes:vlm_demo",
-    "vlm-mix-demo": "zephon_vl.recipes:vlm_mix_demo",
-    "vlm-mix-demo-balanced": "zephon_vl.recipes:vlm_mix_demo_balanced",
+    "vlm-demo": "zephon_vl.demo.recipes:vlm_demo",
+    "vlm-mix-demo": "zephon_vl.demo.recipes:vlm_mix_demo",
+    "vlm-mix-demo-balanced": "zephon_vl.demo.recipes:vlm_mix_demo_balanced",
 }
 _KINDS: dict[str, FactoryRef] = {
     "text": "zephon_core.recipes.text:text_recipe",
@@ -90,6 +90,28 @@ def register_kind(kind: str, factory: FactoryRef) -> None:
     _KINDS[kind] = factory
 
 
+def forwards_to(target: Callable[..., Any]) -> Callable[[RecipeFactory], RecipeFactory]:
+    """Mark a factory whose ``**overrides`` go to `target` (``text_demo`` -> ``text_recipe``),
+    so `load_recipe` refuses an override neither takes before calling it."""
+    def mark(factory: RecipeFactory) -> RecipeFactory:
+        factory.__zephon_forwards__ = target  # type: ignore[attr-defined]
+        return factory
+    return mark
+
+
+def accepted_keys(factory: Callable[..., Any]) -> set[str] | None:
+    """The keyword names `factory` takes (following `forwards_to`); None: any."""
+    params = inspect.signature(factory).parameters
+    named = {k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return named
+    target = getattr(factory, "__zephon_forwards__", None)
+    if target is None:
+        return None
+    more = accepted_keys(target)
+    return None if more is None else named | more
+
+
 def builtin_names() -> list[str]:
     """Names `load_recipe` knows (built in or registered)."""
     return sorted(_RECIPES)
@@ -111,7 +133,13 @@ def load_recipe(name_or_path: str | Path, **overrides: Any) -> Recipe:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     name = str(name_or_path)
     if name in _RECIPES:
-        return _resolve(_RECIPES[name], f"recipe {name!r}")(**overrides)
+        factory = _resolve(_RECIPES[name], f"recipe {name!r}")
+        known = accepted_keys(factory)
+        for key in overrides:
+            if known is not None and key not in known:
+                raise UnknownKeyError(f"recipe {name!r} takes no {key!r}; it takes "
+                                      f"{', '.join(sorted(known))}", key)
+        return factory(**overrides)
     path = Path(name)
     if not path.is_file():
         raise ConfigError(f"unknown recipe {name!r}: not a built-in "
@@ -153,6 +181,8 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
         _check_keys(factory, fields, kind)
         recipe = factory(files, tokenizer, weights=weights, **fields)
         return recipe if mix_by is None else dataclasses.replace(recipe, mix_by=mix_by)
+    except UnknownKeyError as exc:
+        raise UnknownKeyError(f"{path}: {exc}", exc.key) from None
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -164,8 +194,8 @@ def _check_keys(factory: RecipeFactory, fields: dict[str, Any], kind: str) -> No
     known = [k for k, p in list(params.items())[2:] if k != "weights"]
     for key in fields:
         if key not in known:
-            raise ConfigError(f"unknown key {key!r} for kind {kind!r}; known: kind, tokenizer, "
-                              f"datasets, {', '.join(known)}")
+            raise UnknownKeyError(f"unknown key {key!r} for kind {kind!r}; known: kind, "
+                                  f"tokenizer, datasets, {', '.join(known)}", key)
 
 
 def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]]:

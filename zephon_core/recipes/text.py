@@ -11,38 +11,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from zephon_core.data.formats import DatasetSpec, as_spec, dataset_reader
-from zephon_core.data.read import Read
-from zephon_core.data.readers import JsonlReader, ParquetReader, ShardReader
 from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import ConfigError
 from zephon_core.ops.chat import ChatFraming, chat_framing
 from zephon_core.ops.pack import Pack
+from zephon_core.ops.read import Read
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import MinTokens, Tokenize, load_tokenizer
 from zephon_core.recipes.assets import qwen_tokenizer_dir, text_corpus
-from zephon_core.recipes.recipe import Recipe
+from zephon_core.recipes.registry import forwards_to
+from zephon_core.spec import Recipe
 
 Files = Sequence[str | os.PathLike]
-
-
-def reader_for(files: Files) -> ShardReader:
-    """The ``text`` format's reader: JSONL or Parquet, by the files' suffix."""
-    paths = [Path(f) for f in files]
-    if not paths:
-        raise ConfigError("a dataset needs at least one file")
-    suffixes = {p.suffix.lower() for p in paths}
-    if suffixes <= {".jsonl", ".json"}:
-        return JsonlReader(paths)
-    if suffixes == {".parquet"}:
-        return ParquetReader(paths)
-    raise ConfigError(f"cannot read files with suffixes {sorted(suffixes)}: a dataset is "
-                      "either .jsonl or .parquet files")
 
 
 def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike, *,
@@ -104,6 +89,7 @@ def text_loader(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     return Loader(recipe, dp_rank, dp_world_size, execution, microbatches)
 
 
+@forwards_to(text_recipe)
 def text_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 512,
               seed: int = 0, **overrides: Any) -> Recipe:
     """Real English text (stdlib docstrings), the real Qwen vocabulary, two datasets 3:1."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.errors import ConfigError
+from zephon_core import ConfigError
 from zephon_vl.cli.main import command
 
 #: the vision encoder's cost of one patch, in units of one LLM token (see the module doc)
@@ -82,9 +82,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, image_every_row: bool | None) -> dict:
-    from zephon_core import Execution, load_recipe
-    from zephon_core.engine.plan import Plan
-    from zephon_core.engine.simulate import SimulatedRanks
+    from zephon_core import Execution, SimulatedRanks, load_recipe
+    from zephon_core.extend import Plan
 
     over: dict[str, Any] = {"num_lanes": args.lanes}
     if image_every_row is not None:

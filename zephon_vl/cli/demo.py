@@ -42,9 +42,9 @@ def _args(p: argparse.ArgumentParser) -> None:
 @command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
 def cmd_demo(args: argparse.Namespace) -> int:
     from zephon_core import ConfigError
+    from zephon_vl import vlm_demo
     from zephon_vl.demo.data import build_demo_dataset
     from zephon_vl.media.image import pillow_backend
-    from zephon_vl.recipes import vlm_demo
 
     if args.save_at is None:
         args.save_at = max(1, args.steps // 2)
@@ -97,6 +97,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fill = tokens / max(1, (args.steps - 1) * run.recipe.global_batch_size * run.recipe.seq_len)
     print()
     ok = print_digest_table(table, [f"D={args.dp}"] + [f"D={d}" for d in resume])
+    _report(args, ok, table, steady, t_first, fill, samples=samples, images=images,
+            tokens=tokens)
+    return 0 if ok else 1
+
+
+def _report(args: argparse.Namespace, ok: bool, table: dict[int, dict[str, str]],
+            steady: float, t_first: float, fill: float, *, samples: int, images: int,
+            tokens: int) -> None:
+    """The demo's closing lines (rates over the steps after the first) and its JSON."""
     summary = {
         "ok": ok, "steps": args.steps, "save_at": args.save_at, "lanes": args.lanes,
         "steps_per_s": (args.steps - 1) / steady if steady else 0.0,
@@ -117,7 +126,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
-    return 0 if ok else 1
 
 
 def _timed_run(run: ElasticRun, dp: int, steps: int, save_at: int,

@@ -47,7 +47,7 @@ def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[st
 
 
 def _torchrun(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[str, str]]:
-    from zephon_core.engine.simulate import resumed_ledger_path
+    from zephon_core import resumed_ledger_path
 
     table: dict[int, dict[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="zephon-elastic-") as tmp:

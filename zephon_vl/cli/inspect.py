@@ -18,9 +18,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from zephon_core.engine.checkpoint import FORMAT
-from zephon_core.engine.state_check import parse_state
-from zephon_core.errors import CheckpointError
+from zephon_core import CheckpointError
+from zephon_core.extend import CHECKPOINT_FORMAT as FORMAT
+from zephon_core.extend import parse_state
 from zephon_vl.cli.main import command
 from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY
 

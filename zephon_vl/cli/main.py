@@ -7,18 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from zephon_core import (
-    Coalesce,
-    ConfigError,
-    Execution,
-    Recipe,
-    RetryPolicy,
-    ZephonError,
-    parse_resources,
-    parse_runners,
-    parse_workers,
-)
-from zephon_core.engine.runners import RUNNERS
+from zephon_core import ConfigError, Execution, FlatSetting, Recipe, ZephonError, flat_settings
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -32,45 +21,26 @@ def command(name: str, help_text: str, configure: Callable[[argparse.ArgumentPar
 
 
 def add_execution_args(p: argparse.ArgumentParser) -> None:
+    """One flag per `Execution` setting, made from its declaration (`flat_settings`): the
+    same names (``--retry-deadline`` is ``Execution.retry.deadline``), units and spellings
+    as the TorchTitan config's fields."""
     g = p.add_argument_group("execution (never changes the data; defaults are Execution's)")
-    g.add_argument("--runner", choices=["auto", *RUNNERS],
-                   default=Execution.runner, help="default runner of every operator (auto: each "
-                   "operator's own: processes for read, decode and tokenize, fused into one stage)")
-    g.add_argument("--workers", action="append", default=[], metavar="OP=N",
-                   help="workers of one operator, e.g. --workers tokenize=2 (repeatable); "
-                   "--workers auto: split the worker budget over the process stages by "
-                   "measured cost while the loader runs")
-    g.add_argument("--default-workers", type=int, default=Execution.default_workers,
-                   help="workers of every operator without --workers (default: usable cores "
-                   "// ranks on this machine for process stages, one thread for thread stages)")
-    g.add_argument("--op-runner", action="append", default=[], metavar="OP=KIND",
-                   help="runner of one operator, e.g. --op-runner read=threads")
-    g.add_argument("--ray-address", default=Execution.ray_address, metavar="HOST:PORT",
-                   help="with --runner ray: the Ray cluster's head (default: RAY_ADDRESS, "
-                   "else the latest cluster started on this machine, else a local one)")
-    g.add_argument("--ray-resources", action="append", default=[], metavar="NAME=N",
-                   help="with --runner ray: a custom resource every task asks for, e.g. "
-                   "--ray-resources zephon_cpu=1 (only nodes offering it run zephon tasks)")
-    g.add_argument("--group-size", type=int, default=Execution.group_size)
-    g.add_argument("--prefetch", type=int, default=Execution.prefetch,
-                   help="groups in flight per lane and stage (default: two per worker over the "
-                   "rank's lanes, at least 2)")
-    g.add_argument("--prefetch-steps", type=int, default=Execution.prefetch_steps)
-    g.add_argument("--retry-deadline", type=float, default=RetryPolicy.deadline,
-                   metavar="SECONDS", help="keep retrying a failing read from a URL this "
-                   "long, then stop naming the shard and offset (never a skipped sample)")
-    g.add_argument("--coalesce-bytes", type=int, default=Coalesce.max_bytes, metavar="BYTES",
-                   help="largest range request that merges neighbouring samples of one "
-                   "remote shard (0: one request per sample)")
-    g.add_argument("--backlog-mb", type=int, default=(Execution.backlog_bytes or 0) >> 20,
-                   help="MiB of finished documents a rank's lanes may hold before they stop "
-                   "drawing (backpressure; 0: no bound)")
-    g.add_argument("--stall-seconds", type=float, default=Execution.stall_seconds or 0,
-                   metavar="SECONDS", help="log each lane's drops by reason after this long "
-                   "without a new row, repeated while it lasts (0: never)")
-    g.add_argument("--stall-drops", type=int, default=Execution.stall_drops or 0, metavar="N",
-                   help="stop with an error naming the reasons when a lane drops N samples "
-                   "in a row, e.g. every sample longer than seq_len (0: never)")
+    for s in flat_settings(Execution):
+        g.add_argument(s.flag, dest=s.name, default=None,
+                       action="append" if s.mapping else "store",
+                       choices=s.info.choices or None,
+                       metavar=None if s.info.choices else _metavar(s),
+                       help=f"{s.info.help} [{'' if s.info.choices else s.describe_type() + '; '}"
+                            f"default: {s.spell(s.default) or 'none'}"
+                            + ("; repeatable]" if s.mapping else "]"))
+
+
+def _metavar(s: FlatSetting) -> str | None:
+    if s.info.metavar:
+        return s.info.metavar
+    if s.annotation is bool:
+        return "true|false"
+    return {"bytes": "BYTES", "seconds": "SECONDS"}.get(s.info.unit, "N" if s.info.unit else None)
 
 
 def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> bool:
@@ -89,24 +59,21 @@ def print_digest_table(table: dict[int, dict[str, str]], cols: list[str]) -> boo
 
 def check_operator_names(recipe: Recipe, execution: Execution) -> None:
     """Typed settings for an operator the recipe lacks are a mistake: refuse them."""
-    from zephon_core.engine.plan import unknown_operators
+    from zephon_core.extend import unknown_operators
 
     problem = unknown_operators(recipe.ops, execution)
     if problem:
-        raise ConfigError(f"{problem} (check --workers / --op-runner)")
+        raise ConfigError(f"{problem} (check --workers / --runners)")
 
 
 def execution_from(args: argparse.Namespace) -> Execution:
-    return Execution(runner=args.runner, workers=parse_workers(args.workers),
-                     runners=parse_runners(args.op_runner), default_workers=args.default_workers,
-                     group_size=args.group_size, prefetch=args.prefetch,
-                     prefetch_steps=args.prefetch_steps,
-                     retry=RetryPolicy(deadline=args.retry_deadline),
-                     coalesce=Coalesce(max_bytes=args.coalesce_bytes),
-                     backlog_bytes=(args.backlog_mb << 20) or None,
-                     stall_seconds=args.stall_seconds or None, stall_drops=args.stall_drops or None,
-                     ray_address=args.ray_address or None,
-                     ray_resources=parse_resources(args.ray_resources))
+    """The `Execution` of the flags given (the others: its defaults), via `from_flat`."""
+    flat = {}
+    for s in flat_settings(Execution):
+        value = getattr(args, s.name, None)
+        if value is not None:
+            flat[s.name] = ",".join(value) if s.mapping else value
+    return Execution.from_flat(flat)
 
 
 def recipe_factory(args: argparse.Namespace) -> Callable:

@@ -25,7 +25,7 @@ from zephon_vl.cli.main import add_execution_args, command, execution_from
 def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
     """Workers per worker stage (threads or processes), proportional to its busy seconds:
     the arithmetic of `Execution(workers="auto")` (`zephon_core.engine.autoscale`)."""
-    from zephon_core.engine.autoscale import split_workers
+    from zephon_core.extend import split_workers
 
     return split_workers({s.name: s.busy_s for s in stages
                           if s.runner in ("threads", "processes")}, cores)

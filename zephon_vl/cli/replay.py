@@ -29,7 +29,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def recipe_for(fp: dict, name: str | None):
     """A factory of the recipe a checkpoint was made with (its fingerprint's settings)."""
-    from zephon_core.recipes.registry import load_recipe
+    from zephon_core import load_recipe
 
     kwargs = {"num_lanes": fp["num_lanes"], "global_batch_size": fp["global_batch_size"],
               "seq_len": fp["seq_len"], "seed": fp["seed"]}
@@ -40,14 +40,8 @@ def recipe_for(fp: dict, name: str | None):
 
 @command("replay", "recompute the next N steps of a checkpoint offline and check them", _args)
 def cmd_replay(args: argparse.Namespace) -> int:
-    from zephon_core.engine.ledger import (
-        Ledger,
-        LedgerError,
-        compare_entries,
-        compare_ledgers,
-        read_ledger,
-    )
-    from zephon_core.engine.simulate import ElasticRun
+    from zephon_core import ElasticRun, Ledger, LedgerError, compare_ledgers, read_ledger
+    from zephon_core.extend import compare_entries
     from zephon_vl.cli.inspect import read_state
     from zephon_vl.cli.progress import Progress
 

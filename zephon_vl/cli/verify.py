@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from zephon_core.engine.ledger import Ledger, mixture_shares
+from zephon_core import Ledger
+from zephon_core.extend import mixture_shares
 from zephon_vl.cli.main import command
 
 
@@ -26,7 +27,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 @command("verify", "compare two ledgers; name the first step, lane, row and sample that differ",
          _args)
 def cmd_verify(args: argparse.Namespace) -> int:
-    from zephon_core.engine.ledger import compare_ledgers, read_ledger
+    from zephon_core import compare_ledgers, read_ledger
 
     a = read_ledger(args.a)
     if args.mixture:

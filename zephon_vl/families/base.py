@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from zephon_core import Recipe
     from zephon_vl.media.image import ImageSettings, VisionPatches
-    from zephon_vl.ops.collate import VLCollate
 
 
 class SpecialTokens(Protocol):
@@ -139,7 +138,7 @@ class VisionFamily(ModelFamily):
     def framing(self, chat: ChatFraming | Any = None) -> ChatFraming:
         """A recipe's ``chat`` setting as a framing: None is `chat_framing`, ``"template"``
         `template_framing`, a table (``[chat]``) sets fields over `chat_framing`."""
-        from zephon_core.ops.chat import chat_framing
+        from zephon_core.extend import chat_framing
 
         if isinstance(chat, str):
             if chat == "template":
@@ -213,12 +212,6 @@ class VisionFamily(ModelFamily):
         if max_patches is not None:
             fields["max_patches"] = max_patches
         return ImageSettings(**fields)
-
-    def collate(self, seq_len: int, image: ImageSettings, special: Any) -> VLCollate:
-        """The collate of this family's recipes."""
-        from zephon_vl.ops.collate import VLCollate
-
-        return VLCollate(seq_len, image, special, self)
 
     def check_recipe(self, recipe: Recipe) -> None:
         """Refuse a text-only recipe, or one built for another family."""

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zephon_core import ChatFraming, ConfigError
-from zephon_core.ops.chat import chatml_turn
+from zephon_core.extend import chatml_turn
 from zephon_vl.families.base import TitanOptions, VisionFamily
 
 if TYPE_CHECKING:

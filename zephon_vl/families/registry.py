@@ -67,9 +67,7 @@ def vision_family(family: str | VisionFamily) -> VisionFamily:
 
 
 def recipe_family(recipe: Recipe) -> ModelFamily:
-    """The family `recipe`'s batches are laid out for: its collate's, else ``text``."""
-    from zephon_vl.ops.collate import VLCollate
-
-    if isinstance(recipe.collate, VLCollate):
-        return recipe.collate.family
-    return get_family("text")
+    """The family `recipe`'s batches are laid out for: the one its collate names (a
+    collate of a family's layout has a ``family`` attribute), else ``text``."""
+    family = getattr(recipe.collate, "family", None)
+    return family if isinstance(family, ModelFamily) else get_family("text")

@@ -22,19 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.common.files import atomic_write
-from zephon_core.common.files import cache_dir as default_cache_dir
-from zephon_core.common.jsontext import loads_sample
-from zephon_core.data.storage import (
+from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
+from zephon_core import cache_dir as default_cache_dir
+from zephon_core.extend import (
     StoredFileIO,
     base_name,
     is_remote,
+    loads_sample,
     local_path,
-    open_shard,
     read_whole,
-    stat_shard,
 )
-from zephon_core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

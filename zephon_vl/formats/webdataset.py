@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_core.data.formats import DatasetSpec
+from zephon_core import DatasetSpec
 
 
 class WebDatasetFormat:

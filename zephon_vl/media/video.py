@@ -31,8 +31,8 @@ from typing import Any, BinaryIO
 import av
 import numpy as np
 
-from zephon_core import BadSampleError, ConfigError
-from zephon_core.data.storage import StoredFileIO, is_remote, open_shard, scheme_of
+from zephon_core import BadSampleError, ConfigError, open_shard
+from zephon_core.extend import StoredFileIO, is_remote, scheme_of
 from zephon_vl.media.image import (
     ImageSettings,
     VisionPatches,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from zephon_core import BadSampleError, Row
-from zephon_core.ops.pack import text_row_arrays
+from zephon_core.extend import text_row_arrays
 from zephon_vl.media.image import (
     ImageSettings,
     frame_rows_uint8,

@@ -25,11 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import BadSampleError, ConfigError, Element, Transform
-from zephon_core.common.jsontext import loads_sample
-from zephon_core.ops.chat import ChatFraming, chat_pieces, parse_turn, record_turns
-from zephon_core.ops.contract import check_on_error
-from zephon_core.ops.text import TokenizerTransform
+from zephon_core import BadSampleError, ChatFraming, ConfigError, Element, Transform
+from zephon_core.extend import (
+    TokenizerTransform,
+    chat_pieces,
+    check_on_error,
+    loads_sample,
+    parse_turn,
+    record_turns,
+)
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.formats.obelics import obelics_parts

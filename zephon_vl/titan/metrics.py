@@ -28,7 +28,7 @@ def rank_wait_metrics(wait_per_step_s: float, wait_share: float) -> dict[str, fl
 
     mine = torch.tensor([wait_per_step_s, wait_share], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from zephon_core.engine.checkpoint import gloo_group
+        from zephon_core.extend import gloo_group
 
         group = gloo_group()
         every = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size(group))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_core.data.readers import ShardReader
+from zephon_core.data.readers import ReadsMany, ShardReader
 from zephon_core.ops.contract import Transform, check_on_error
 from zephon_core.records import Element
 
@@ -37,11 +37,11 @@ class Read(Transform):
             by_reader.setdefault(e.payload[0], []).append(j)
         for d, js in by_reader.items():
             reader = self.readers[d]
-            many = getattr(reader, "read_many", None)
-            if many is None:
-                got = [reader.read(elements[j].payload[1], elements[j].payload[2]) for j in js]
+            if isinstance(reader, ReadsMany):
+                got = reader.read_many([(elements[j].payload[1], elements[j].payload[2])
+                                        for j in js])
             else:
-                got = many([(elements[j].payload[1], elements[j].payload[2]) for j in js])
+                got = [reader.read(elements[j].payload[1], elements[j].payload[2]) for j in js]
             for j, sample in zip(js, got, strict=True):
                 out[j] = sample
         return out

@@ -1,0 +1,96 @@
+"""Issue 22, item 3: every `Execution` setting is declared once and reachable from Python,
+the command line and the TorchTitan config under one name, in one unit, with one meaning."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_core import ConfigError, Execution, flat_settings
+from zephon_vl.cli.main import add_execution_args, execution_from
+from zephon_vl.titan.dataloader import ZephonDataLoader
+from zephon_vl.titan.settings import execution_of, titan_type
+
+#: a value other than the default for every leaf, as Python holds it
+OTHER = {
+    "runner": "threads", "runners": {"read": "threads"}, "workers": {"decode": 3},
+    "default_workers": 5, "group_size": 3, "prefetch": 7, "prefetch_steps": 2,
+    "start_method": "forkserver", "fuse": False, "group_timeout": None,
+    "stall_seconds": 2.5, "stall_drops": None, "retry_deadline": 7.5, "retry_initial": 0.5,
+    "retry_maximum": 3.0, "retry_request_timeout": 9.0, "coalesce_max_bytes": 0,
+    "coalesce_max_gap": 4096, "backlog_bytes": 3 << 20, "collate_in": "thread",
+    "pin_memory": True, "ray_address": "10.0.0.1:6379", "ray_resources": {"zephon_cpu": 2.0},
+}
+
+
+def cli(argv: list[str]) -> Execution:
+    p = argparse.ArgumentParser()
+    add_execution_args(p)
+    return execution_from(p.parse_args(argv))
+
+
+def titan(**fields) -> Execution:
+    return execution_of(ZephonDataLoader.Config(**fields))
+
+
+def test_every_leaf_is_covered_here():
+    assert {s.name for s in flat_settings(Execution)} == set(OTHER)
+
+
+def test_defaults_are_the_same_from_all_three():
+    assert cli([]) == titan() == Execution() == Execution.from_flat({})
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_each_setting_means_the_same_from_all_three(name):
+    leaf = next(s for s in flat_settings(Execution) if s.name == name)
+    value = OTHER[name]
+    assert value != leaf.default
+    python = Execution.from_flat({name: value})
+    assert python.to_flat()[name] == value
+    spelled = leaf.spell(value)
+    assert cli([leaf.flag, spelled]) == python, spelled
+    tp, _ = titan_type(leaf)
+    assert titan(**{name: spelled if tp is str else value}) == python
+    # the command line's and the config's strings are read by the same parser
+    assert Execution.from_flat({name: spelled}) == python
+
+
+def test_nested_settings_keep_their_python_path():
+    ex = Execution.from_flat({"retry_deadline": "7.5", "coalesce_max_bytes": "2MiB"})
+    assert ex.retry.deadline == 7.5 and ex.coalesce.max_bytes == 2 << 20
+    assert ex.retry.initial == Execution().retry.initial
+
+
+def test_mappings_repeat_on_the_command_line():
+    assert cli(["--workers", "decode=2", "--workers", "tokenize=1"]).workers == \
+        {"decode": 2, "tokenize": 1}
+
+
+@pytest.mark.parametrize("flat, match", [
+    ({"backlog_mb": 1}, "unknown Execution settings"),
+    ({"group_size": "many"}, "group_size: cannot read 'many'"),
+    ({"backlog_bytes": "3 lots"}, "backlog_bytes: cannot read"),
+    ({"stall_seconds": 0}, "stall_seconds must be > 0"),
+    ({"workers": "decode"}, "OP=N"),
+])
+def test_bad_values_are_refused_the_same_way(flat, match):
+    with pytest.raises(ConfigError, match=match):
+        Execution.from_flat(flat)
+
+
+def test_the_titan_config_is_generated_with_help():
+    names = {f.name for f in dataclasses.fields(ZephonDataLoader.Config)}
+    assert {s.name for s in flat_settings(Execution)} <= names
+    assert not {"backlog_mb", "coalesce_bytes"} & names
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 1 << 40))
+def test_sizes_spell_and_read_back(n):
+    leaf = next(s for s in flat_settings(Execution) if s.name == "backlog_bytes")
+    assert leaf.parse(leaf.spell(n)) == n

@@ -1,0 +1,281 @@
+"""Settings declared once: a dataclass field carries its help, unit and choices, and every
+entry point (Python, the command line, the TorchTitan config) is generated from it.
+
+A settings class (`Execution`, `RetryPolicy`, ...) declares each field with `setting`.
+`flat_settings` flattens it, nested settings objects included, into one `FlatSetting`
+per leaf: ``retry.deadline`` is ``retry_deadline`` everywhere outside Python, in the same
+unit (seconds, bytes). `from_flat` is the one way back: it takes the leaves by their flat
+names, as typed values or as the strings a command line or a config file gives, so the
+command line and the TorchTitan config accept and refuse the same spellings.
+
+Spellings of a string value: ``none`` for None; ``true``/``false`` for booleans; sizes in
+bytes with an optional binary suffix (``256MiB``, ``8K``); mappings as ``KEY=VALUE``
+items separated by commas (``decode=2,tokenize=1``). A field may name its own parser
+(``parse=``), for values no annotation describes (e.g. ``"auto"`` or a mapping).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_core.errors import ConfigError
+
+#: the key of a field's `SettingInfo` in its ``dataclasses.field`` metadata
+META_KEY = "zephon_setting"
+
+_SIZES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """What a settings field says about itself, beyond its type and default."""
+
+    help: str
+    unit: str = ""
+    choices: tuple[str, ...] = ()
+    #: a metavar for the command line (default: the unit, or the type)
+    metavar: str = ""
+    #: turns one flat string into the field's value (default: from the annotation)
+    parse: Callable[[str], Any] | None = None
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, unit: str = "",
+            choices: tuple[str, ...] = (), metavar: str = "",
+            parse: Callable[[str], Any] | None = None,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its `SettingInfo`: the one place its help and unit live."""
+    info = SettingInfo(help, unit, tuple(choices), metavar, parse)
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={META_KEY: info})
+
+
+@dataclass(frozen=True)
+class FlatSetting:
+    """One leaf of a settings class under its flat name (``retry_deadline``)."""
+
+    name: str
+    #: attribute names from the root object to the leaf: ``("retry", "deadline")``
+    path: tuple[str, ...]
+    annotation: Any
+    default: Any
+    info: SettingInfo
+
+    @property
+    def flag(self) -> str:
+        """The command line's spelling of the name."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def optional(self) -> bool:
+        return _is_optional(self.annotation)
+
+    @property
+    def mapping(self) -> bool:
+        """True for ``KEY=VALUE`` mappings (repeatable on the command line)."""
+        return _mapping_types(self.annotation) is not None
+
+    def parse(self, text: str) -> Any:
+        """The value a flat string spells (see the module docstring)."""
+        if self.info.parse is not None:
+            return self.info.parse(text)
+        return parse_value(self.annotation, text, self.info.unit)
+
+    def coerce(self, value: Any) -> Any:
+        """A flat value: strings are parsed, other values (typed) pass unchanged."""
+        if isinstance(value, str) and not _is_plain_str(self.annotation):
+            try:
+                return self.parse(value)
+            except (ValueError, ConfigError) as exc:
+                raise ConfigError(f"{self.name}: cannot read {value!r} ({exc}); "
+                                  f"expected {self.describe_type()}") from None
+        if _is_plain_str(self.annotation) and self.optional and value in ("", "none"):
+            return None
+        return value
+
+    def describe_type(self) -> str:
+        if self.info.choices:
+            return " | ".join(self.info.choices)
+        if self.mapping:
+            return f"{self.info.metavar or 'KEY=VALUE'} items separated by commas"
+        base = _strip_optional(self.annotation)
+        name = getattr(base, "__name__", str(base))
+        if self.info.unit == "bytes":
+            name = "bytes (e.g. 256MiB)"
+        elif self.info.unit:
+            name = f"{name} ({self.info.unit})"
+        return name + (" or none" if self.optional else "")
+
+    def spell(self, value: Any) -> str:
+        """The flat string of a value: what `parse` reads back as the same value."""
+        if value is None:
+            return "none"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, Mapping):
+            return ",".join(f"{k}={v}" for k, v in value.items())
+        if self.info.unit == "bytes" and isinstance(value, int):
+            for suffix, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+                if value and value % size == 0:
+                    return f"{value // size}{suffix}"
+        return str(value)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_settings_class(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _union_args(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def _is_optional(tp: Any) -> bool:
+    return type(None) in _union_args(tp)
+
+
+def _strip_optional(tp: Any) -> Any:
+    args = [a for a in _union_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 else typing.Union[tuple(args)]  # noqa: UP007
+
+
+def _is_plain_str(tp: Any) -> bool:
+    return _strip_optional(tp) is str
+
+
+def _mapping_types(tp: Any) -> tuple[Any, Any] | None:
+    for arg in _union_args(tp):
+        if typing.get_origin(arg) in (dict, Mapping):
+            key, value = typing.get_args(arg)
+            return key, value
+    return None
+
+
+def parse_size(text: str) -> int:
+    """``"256MiB"`` -> 268435456; a plain number is bytes."""
+    t = text.strip().lower().replace("_", "")
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    suffix = t[len(digits):]
+    if suffix not in _SIZES or not digits:
+        raise ValueError(f"not a size: {text!r} (bytes, or a number with K, M, G, KiB, MiB, "
+                         "GiB)")
+    return int(float(digits) * _SIZES[suffix])
+
+
+def parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (true or false)")
+
+
+def parse_items(text: str, cast: Callable[[str], Any] = str, what: str = "KEY=VALUE") -> dict:
+    """``"decode=2,tokenize=1"`` -> ``{"decode": cast("2"), "tokenize": cast("1")}``."""
+    out: dict = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = cast(value.strip())
+        except ValueError:
+            raise ConfigError(f"expected {what} items separated by commas, got {part!r} "
+                              "(e.g. 'decode=2,tokenize=1')") from None
+    return out
+
+
+def parse_value(tp: Any, text: str, unit: str = "") -> Any:
+    """One value of type `tp` from its flat spelling."""
+    if _is_optional(tp) and text.strip().lower() in ("none", ""):
+        return None
+    items = _mapping_types(tp)
+    if items is not None:
+        return parse_items(text, items[1], "KEY=N" if items[1] in (int, float) else "KEY=VALUE")
+    base = _strip_optional(tp)
+    if base is bool:
+        return parse_bool(text)
+    if base is int:
+        return parse_size(text) if unit == "bytes" else int(text)
+    if base is float:
+        return float(text)
+    if base is str:
+        return text
+    raise ValueError(f"no flat spelling for {tp!r}; give the field a parse=")
+
+
+def flat_settings(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[FlatSetting]:
+    """Every leaf of settings class `cls`, nested settings objects flattened under
+    ``<field>_``: the one list the command line and the TorchTitan config are made from.
+
+    Every leaf must be declared with `setting` (a field without help is a mistake that
+    would leave a flag undocumented), except nested settings objects themselves.
+    """
+    hints = _hints(cls)
+    out: list[FlatSetting] = []
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):
+            continue
+        tp = hints[f.name]
+        if _is_settings_class(tp):
+            out += flat_settings(tp, f"{prefix}{f.name}_", (*path, f.name))
+            continue
+        info = f.metadata.get(META_KEY)
+        if info is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting()")
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else f.default_factory())  # type: ignore[misc]
+        out.append(FlatSetting(prefix + f.name, (*path, f.name), tp, default, info))
+    return out
+
+
+def from_flat(cls: type, flat: Mapping[str, Any]) -> Any:
+    """An instance of `cls` from flat names (`flat_settings`), missing ones defaulted.
+
+    Values may be typed or the flat strings of the command line and config files;
+    an unknown name is refused with the known ones.
+    """
+    leaves = {s.name: s for s in flat_settings(cls)}
+    unknown = sorted(set(flat) - set(leaves))
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} settings {unknown}; known: "
+                          f"{', '.join(leaves)}")
+    tree: dict = {}
+    for name, value in flat.items():
+        s = leaves[name]
+        node = tree
+        for part in s.path[:-1]:
+            node = node.setdefault(part, {})
+        node[s.path[-1]] = s.coerce(value)
+    return _build(cls, tree)
+
+
+def _build(cls: type, tree: Mapping[str, Any]) -> Any:
+    hints = _hints(cls)
+    kwargs = {k: (_build(hints[k], v) if _is_settings_class(hints[k]) else v)
+              for k, v in tree.items()}
+    return cls(**kwargs)
+
+
+def to_flat(obj: Any) -> dict[str, Any]:
+    """The flat view of a settings object: flat name -> typed value."""
+    out = {}
+    for s in flat_settings(type(obj)):
+        value = obj
+        for part in s.path:
+            value = getattr(value, part)
+        out[s.name] = value
+    return out

@@ -1,0 +1,34 @@
+"""The engine's kinds as `StrEnum`s: each equals and prints as its name (``"threads"``),
+so settings, logs, JSON and old comparisons with strings keep working."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunnerKind(StrEnum):
+    """Where a stateless stage runs (`Execution.runner`). A `StrEnum`, so a kind equals and
+    prints as its name (``"threads"``) in settings, logs and JSON."""
+
+    INLINE = "inline"
+    THREADS = "threads"
+    PROCESSES = "processes"
+    RAY = "ray"
+
+    @property
+    def singular(self) -> str:
+        """One worker of this kind, as `explain()` counts it: ``1 thread``, ``1 process``."""
+        return {"threads": "thread", "processes": "process", "ray": "Ray task"}.get(
+            self.value, self.value)
+
+
+#: every runner kind's name, in order (the choices of `Execution.runner`, with ``auto``)
+RUNNERS = tuple(k.value for k in RunnerKind)
+
+
+class StageKind(StrEnum):
+    """What a stage does with a lane's elements (a `StrEnum`: equal to its name)."""
+
+    TRANSFORM = "transform"  # stateless, per element, on a runner
+    ACCUMULATOR = "accumulator"  # per-lane state that holds and reorders elements
+    COMBINER = "combiner"  # the last stage: makes the rows

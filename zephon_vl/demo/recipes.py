@@ -1,0 +1,67 @@
+"""The built-in demo recipes `vlm-demo`, `vlm-mix-demo` and `vlm-mix-demo-balanced`:
+`vlm_recipe` over the demo data set (`zephon_vl.demo.data`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zephon_core import BalanceSettings, Recipe, forwards_to
+from zephon_vl.families.registry import vision_family
+from zephon_vl.media.image import ImageSettings
+from zephon_vl.recipes import vlm_recipe
+
+
+def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
+    """The demos' tokenizer: ``tokenizer`` if given, else the recipe family's own (the
+    bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
+    given = overrides.pop("tokenizer", None)
+    return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
+
+
+@forwards_to(vlm_recipe)
+def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
+             seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
+    """Real photos from skimage with real-text captions, the Qwen3.6 vocabulary, 8 lanes."""
+    from zephon_vl.demo.data import build_demo_dataset
+
+    demo = build_demo_dataset(num_samples=num_samples)
+    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
+    return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
+                      seq_len=seq_len,
+                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
+                      image=image, max_images=8, name="vlm-demo", **overrides)
+
+
+#: `vlm-mix-demo`'s balance: its mean vision tokens per row (`zephon-vl balance`), heavy
+#: steps for its 2- and 3-image documents (up to 3 x 256 vision tokens)
+MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
+
+
+@forwards_to(vlm_recipe)
+def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
+                 seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
+    """The demo photos mixed with the bundled text corpus (stdlib docstrings) 1:8.
+
+    About half of the rows hold no image of their own, so the row filler
+    (guarantee 10) and the balanced packing mode have work to do.
+    """
+    from zephon_core import text_corpus
+    from zephon_vl.demo.data import build_demo_dataset
+
+    demo = build_demo_dataset(num_samples=num_samples)
+    image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
+    overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
+    if overrides.get("pack_mode") == "balanced":
+        overrides.setdefault("balance", MIX_DEMO_BALANCE)
+    return vlm_recipe({"photos": [str(s) for s in demo.shards],
+                       "text": [str(p) for p in text_corpus()]},
+                      _demo_tokenizer(overrides), seq_len=seq_len,
+                      global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
+                      image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
+
+
+@forwards_to(vlm_mix_demo)
+def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
+    """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
+    overrides.setdefault("pack_mode", "balanced")
+    return vlm_mix_demo(**{"name": "vlm-mix-demo-balanced", **overrides})
