@@ -48,7 +48,7 @@ from zephon_core.engine.checkpoint import (
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, StatefulOp
-from zephon_core.recipes.recipe import Recipe
+from zephon_core.spec import Recipe
 from zephon_core.records import Origin
 
 
