@@ -117,7 +117,7 @@ def check_titan_passes(config: Any, dps: list[int], steps: int | None = None,
     reports = [BatchCheckReport(loader_config.recipe, loader_config.model_format, dp)
                for dp in dps]
     try:
-        from zephon_vl.titan.dataloader import check_geometry
+        from zephon_vl.titan.resolve import check_geometry
 
         G = loader.recipe.global_batch_size
         for dp in dps:
