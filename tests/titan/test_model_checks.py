@@ -139,7 +139,6 @@ def test_the_shared_pass_cuts_micro_batches_as_the_trainers_ranks_do(qwen_config
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # 1-2 minutes; the first steps of split mode (with the video) run in CI
 def test_a_full_pass_in_split_mode(qwen_config):
     report = check_titan_batches(qwen_config, 2, None, video_mode="split")
     assert report.steps > 50
