@@ -12,7 +12,10 @@ order) is hashed with ``zephon_core.engine.simulate.gathered_batch_digest``. Wit
 K`` the dataloader is saved through ``torch.distributed.checkpoint`` after
 step ``K-1`` under the top-level key ``dataloader``, as TorchTitan's
 checkpointer does; with ``--resume`` it is loaded from such a checkpoint and
-the run continues from the saved step. Rank 0 writes ``digests.json``
+the run continues from the saved step. ``--config zephon_qwen35_debug`` takes the
+dataloader, ``seq_len`` and local batch size of a ready TorchTitan config instead,
+and ``--compute-seconds S`` sleeps after each micro-batch as a trainer's step would
+(the loader's workers run ahead meanwhile). Rank 0 writes ``digests.json``
 (``{step: sha256}``) and ``state_sha.json`` (each rank's state SHA-256).
 """
 
