@@ -102,6 +102,8 @@ def check_titan_passes(config: Any, dps: list[int], steps: int | None = None,
     code the Trainer runs. A finite pass ends where a real run does: at the
     first step some lane cannot fill. `on_step(k)` is called after k steps.
     """
+    from zephon_vl.titan.resolve import check_geometry
+
     loader_config = dataclasses.replace(config.dataloader, background=False, **dataloader)
     if steps is None:
         loader_config = dataclasses.replace(loader_config, infinite=False)
@@ -117,8 +119,6 @@ def check_titan_passes(config: Any, dps: list[int], steps: int | None = None,
     reports = [BatchCheckReport(loader_config.recipe, loader_config.model_format, dp)
                for dp in dps]
     try:
-        from zephon_vl.titan.resolve import check_geometry
-
         G = loader.recipe.global_batch_size
         for dp in dps:
             check_geometry(loader.recipe.num_lanes, G, dp, sizes[dp])
