@@ -48,8 +48,8 @@ from zephon_core.engine.checkpoint import (
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, StatefulOp
-from zephon_core.spec import Recipe
 from zephon_core.records import Origin
+from zephon_core.spec import Recipe
 
 
 def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = None,
