@@ -7,8 +7,9 @@ setup:
 demo: setup
 	zephon-vl demo
 
-# lint-imports: the layer contracts of .importlinter (docs/architecture.md)
+# ruff and lint-imports (the layer contracts of .importlinter, docs/architecture.md) first
 test: setup
+	ruff check zephon_core zephon_vl benchmarks tests scripts
 	lint-imports
 	python3 -m pytest -q -p no:cacheprovider -m "not heavy"
 
