@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "lazy_exports": "zephon_core.common.exports",
     # samples and files
     "loads_sample": "zephon_core.common.jsontext",
+    "file_sha256": "zephon_core.common.digest",
     "option_path": "zephon_core.data.formats",
     "dataset_reader": "zephon_core.data.formats",
     "base_name": "zephon_core.data.storage",

@@ -8,6 +8,7 @@ tensor in C order, little-endian.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -98,4 +99,13 @@ def sample_digest(payload: Any) -> dict[str, str]:
 def _xxh(obj: Any) -> str:
     h = xxhash.xxh3_64()
     _feed(h, obj)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a local file's bytes, read in 1 MiB chunks (manifests of built data)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()

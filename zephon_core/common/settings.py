@@ -161,6 +161,14 @@ def _mapping_types(tp: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def check_table_keys(cls: type, table: Mapping[str, Any], key: str) -> None:
+    """Refuse a TOML table ``[key]`` holding a name that is not a field of dataclass `cls`."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in [{key}]; known: {', '.join(known)}")
+
+
 def parse_size(text: str) -> int:
     """``"256MiB"`` -> 268435456; a plain number is bytes."""
     t = text.strip().lower().replace("_", "")

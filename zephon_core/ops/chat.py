@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_core.common.settings import check_table_keys
 from zephon_core.errors import BadSampleError, ConfigError
 
 #: the text placeholder of a media slot in a string turn (LLaVA's convention)
@@ -111,10 +112,7 @@ def chat_framing(value: ChatFraming | Mapping[str, Any] | None,
         return value
     if not isinstance(value, Mapping):
         raise ConfigError(f"chat must be a table of ChatFraming fields ([chat]), got {value!r}")
-    known = [f.name for f in dataclasses.fields(ChatFraming)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in [chat]; known: {', '.join(known)}")
+    check_table_keys(ChatFraming, value, "chat")
     return dataclasses.replace(base, **value)
 
 

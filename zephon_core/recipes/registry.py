@@ -51,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.settings import check_table_keys
 from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
@@ -276,8 +277,5 @@ def settings_from_table(cls: type, value: Any, key: str) -> Any:
         return value
     if not isinstance(value, dict):
         raise ConfigError(f"{key!r} must be a table ([{key}])")
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in [{key}]; known: {', '.join(known)}")
+    check_table_keys(cls, value, key)
     return cls(**value)

@@ -29,7 +29,6 @@ complete build and is reused.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -49,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core import atomic_write, cache_dir, usable_cores
+from zephon_core.extend import file_sha256
 from zephon_vl.wds.writer import write_shards
 
 log = logging.getLogger(__name__)
@@ -491,7 +491,8 @@ def build_demo_dataset(
             final = out / p.name
             os.replace(p, final)
             shards.append(final)
-            entries.append({"name": p.name, "size": final.stat().st_size, "sha256": _sha256(final)})
+            entries.append({"name": p.name, "size": final.stat().st_size,
+                            "sha256": file_sha256(final)})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for p in old - {p.name for p in shards}:
@@ -538,9 +539,3 @@ def _old_shards(out: Path) -> set[str]:
         return set()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
