@@ -6,6 +6,7 @@ the same global state and that concatenated local batches form the global batch.
 It also writes the native gloo threads still running after
 ``destroy_process_group``: a reference to a group held past it keeps them
 alive into interpreter shutdown, where they abort the process now and then.
+`--hold-group` keeps such a reference, so a test can see that the check fails.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +39,25 @@ def make_recipe() -> Recipe:
                   epochs=1)
 
 
-def gloo_threads() -> list[str]:
-    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip()
-             for t in os.listdir("/proc/self/task"))
-    return sorted(n for n in names if "gloo" in n)
+def gloo_threads(patience: float = 10.0) -> list[str]:
+    """The gloo threads left once they had `patience` seconds to go.
+
+    A joined thread stays listed in /proc until the kernel reaps it, a moment
+    later on a busy machine, so one look right after the join can see it; a
+    thread kept alive by a reference is there for good.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                names.append(Path(f"/proc/self/task/{t}/comm").read_text().strip())
+            except FileNotFoundError:  # reaped while we looked
+                continue
+        left = sorted(n for n in names if "gloo" in n)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def main() -> None:
@@ -49,8 +66,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--resume", default=None)
+    p.add_argument("--hold-group", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
+    held = dist.group.WORLD if args.hold_group else None
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     loader = Loader(make_recipe(), rank, world, Execution(runner="inline"))
@@ -69,7 +88,8 @@ def main() -> None:
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
-    (out / f"threads-rank{rank}.json").write_text(json.dumps(gloo_threads()))
+    left = gloo_threads(patience=1.0 if held is not None else 10.0)
+    (out / f"threads-rank{rank}.json").write_text(json.dumps(left))
 
 
 if __name__ == "__main__":
