@@ -77,7 +77,9 @@ def run(words: list[str], out: Path, timeout: float) -> tuple[dict[int, float], 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *words[1:],
            "--dump_folder", str(out), "--dataloader.ledger", str(out / "ledger.jsonl"),
            "--metrics.disable_color_printing"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # every core busy: one rank per core, or all of them for one rank (the D=1 resume)
+    threads = max(1, (os.cpu_count() or 1) // int(flags(words)["--nproc_per_node"]))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     # a session of its own: on a timeout the ranks torchrun started are killed with it
     with subprocess.Popen(cmd, cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env, start_new_session=True) as proc:

@@ -29,7 +29,7 @@ All are ``ZephonTrainer.Config`` (TorchTitan's Trainer; the config hands
 ``training.global_batch_size`` to the dataloader, which refuses a mismatch when
 it is built). Both are set up to also run on CPU under ``python -m zephon_vl.testing.titan_cpu``
 (float32 parameters, no activation checkpointing, no validator, the
-``partial_dtensor`` SPMD backend); on GPUs override what you like.
+``partial_dtensor`` SPMD backend, one loss chunk); on GPUs override what you like.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ def _cpu_friendly(config: Trainer.Config) -> ZephonTrainer.Config:
     config.training.mixed_precision_param = "float32"  # bf16 matmuls are slow on CPU
     config.activation_checkpoint = None
     config.validator.enable = False
+    if hasattr(config.loss, "num_chunks"):
+        # each chunk of TorchTitan's ChunkedLossWrapper reduce-scatters the whole
+        # 248,320-row output gradient, over gloo a large share of a CPU step
+        config.loss.num_chunks = 1
     return zephon_trainer_config(config)
 
 
