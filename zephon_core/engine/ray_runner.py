@@ -9,7 +9,12 @@ runner, so where and when a group ran never shows in a batch.
 Faults never change data. A group lost with its worker or node (or whose
 answer was lost with the node that held it) is submitted again, up to
 `MAX_ATTEMPTS` times, then the run stops naming the stage and the group. A
-group past `group_timeout` is cancelled and submitted again. A cluster whose
+group past `group_timeout` is abandoned and submitted again: never
+``ray.cancel``-ed, because in Ray 2.60 a cancel that meets the task's own
+completion fails a check in the driver's core worker and ends the trainer's
+process (``Tried to complete task that was not pending``, ray-project/ray
+#54846); an abandoned task keeps its CPU until it ends, and its answer is
+dropped. A cluster whose
 head stops answering fails every group in flight with an error that says so:
 resume from the last checkpoint on a cluster that is up again.
 
@@ -325,7 +330,7 @@ class RayRunner(Runner):
     def _answer(self, task_id: int, ref: Any, ray_future: Future) -> None:
         task = self._running.get(task_id)
         if task is None or task.ref is not ref:
-            return  # an attempt given up on (cancelled past its deadline, or closed)
+            return  # an attempt given up on (abandoned past its deadline, or closed)
         ray = self._ray
         try:
             status, node, payload = ray_future.result()
@@ -388,7 +393,6 @@ class RayRunner(Runner):
         now = time.monotonic()
         for task in [t for t in self._running.values()
                      if now - t.started > self.group_timeout]:
-            self._ray.cancel(task.ref, force=True)
             task.overdue += 1
             task.attempts -= 1  # a hang is counted apart
             del self._running[task.id]
@@ -401,7 +405,7 @@ class RayRunner(Runner):
                     "`ray status`)"))
                 continue
             log.warning("zephon: stage %s: a Ray task ran past group_timeout (%g s); "
-                        "cancelled, submitting the group of samples %s again", self.name,
+                        "abandoned, submitting the group of samples %s again", self.name,
                         self.group_timeout, task.samples)
             self.resubmitted += 1
             with self._lock:
@@ -454,13 +458,7 @@ class RayRunner(Runner):
             self._pending.clear()
         self._events.put(None)
         self._thread.join(timeout=5)
-        tasks += list(self._running.values())
-        if not self._broken:
-            for task in self._running.values():
-                try:
-                    self._ray.cancel(task.ref, force=True)
-                except Exception:  # noqa: BLE001, S110 - best effort on the way out
-                    pass
+        tasks += list(self._running.values())  # abandoned, as past a deadline (module doc)
         self._running.clear()
         for task in tasks:
             task.future.cancel()
