@@ -83,17 +83,23 @@ def dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, r
     return out, AuxOutput(lse=lse if want_lse else None)
 
 
+def _delta_rule_inputs(q, k, v, g, beta, cu_seqlens_host):
+    """Both rules' inputs in float32, q and k L2-normalized (q also scaled), and the
+    document bounds (one document without ``cu_seqlens``)."""
+    q = F.normalize(q.float(), p=2, dim=-1) * (q.shape[-1] ** -0.5)
+    k = F.normalize(k.float(), p=2, dim=-1)
+    bounds = list(cu_seqlens_host) if cu_seqlens_host is not None else [0, q.shape[1]]
+    return q, k, v.float(), g.float(), beta.float(), bounds
+
+
 def naive_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None):
     """Reference gated delta rule (FLA semantics with ``use_qk_l2norm_in_kernel=True``),
     replacing FLA's Triton kernel for qwen3_5's GatedDeltaNet layers. The state resets
     at every ``cu_seqlens`` boundary (every packed document). Shapes: q, k ``(1,T,H,K)``,
     v ``(1,T,H,V)``, g (log decay) and beta ``(1,T,H)``; returns ``(1,T,H,V)``."""
     dtype = v.dtype
-    q = F.normalize(q.float(), p=2, dim=-1) * (q.shape[-1] ** -0.5)
-    k = F.normalize(k.float(), p=2, dim=-1)
-    v, g, beta = v.float(), g.float(), beta.float()
-    _, T, H, K = q.shape
-    bounds = list(cu_seqlens_host) if cu_seqlens_host is not None else [0, T]
+    q, k, v, g, beta, bounds = _delta_rule_inputs(q, k, v, g, beta, cu_seqlens_host)
+    H, K = q.shape[2:]
     outs = []
     for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         S = q.new_zeros(H, K, v.shape[-1])
@@ -119,11 +125,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: i
     result as the naive rule (float32 rounding apart: the tests compare the two).
     """
     dtype = v.dtype
-    q = F.normalize(q.float(), p=2, dim=-1) * (q.shape[-1] ** -0.5)
-    k = F.normalize(k.float(), p=2, dim=-1)
-    v, g, beta = v.float(), g.float(), beta.float()
-    _, T, H, K = q.shape
-    bounds = list(cu_seqlens_host) if cu_seqlens_host is not None else [0, T]
+    q, k, v, g, beta, bounds = _delta_rule_inputs(q, k, v, g, beta, cu_seqlens_host)
+    H, K = q.shape[2:]
     outs = []
     for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         state = q.new_zeros(H, K, v.shape[-1])
