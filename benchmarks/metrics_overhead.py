@@ -7,7 +7,7 @@ percent drowns in a shared machine's noise: a loader runs `--steps` steps on the
 inline runner (every stage in the calling thread), keeping each step's rows,
 drops and stage events; then a fresh `MetricsRecorder` of that loader is fed the
 very same inputs (the consumer's two clock reads, every stage event, the step's
-rows) and timed, with the lanes' making of those events, once without snapshots
+rows) and timed, with the lanes' span per group, once without snapshots
 (the cost every step pays) and once with a full snapshot at *every* step (the
 most ``metrics_every=1`` asks for). The share is that time over the loader's own
 step time (without collation, so the share is an upper bound).
@@ -40,31 +40,22 @@ def measure(recipe_name: str, steps: int, repeats: int) -> dict:
         costs: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(repeats):
             for snapshots in (False, True):
-                recorder = recorder_for(loader, None, WAIT_WARN_SHARE)
-                observe = recorder.lane_observer  # what the lanes call
+                recorder = recorder_for(loader, WAIT_WARN_SHARE)
+                add = recorder.events.add  # what the lanes call, with a span per group
                 t0 = time.perf_counter()
                 for k, (rows, drops, evs) in enumerate(per_step):
                     recorder.next_started(time.monotonic())
                     for e in evs:
-                        observe(e)
+                        add((e.stage, time.monotonic(), time.monotonic(), len(e.origins)))
                     recorder.delivered(k, rows, drops)
                     recorder.next_returned(time.monotonic())
                     if snapshots:
                         recorder.snapshot()
                 costs[snapshots].append((time.perf_counter() - t0) / steps)
-        # the lanes build a StageEvent per group only for an observer: time that too
-        built = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _, _, evs in per_step:
-                for e in evs:
-                    StageEvent(e.lane, e.stage, e.name, e.runner, time.monotonic(),
-                               time.monotonic(), tuple(list(e.origins)))
-            built.append((time.perf_counter() - t0) / steps)
     warm = step_s[1:] or step_s  # the first step starts the pipeline
     step = statistics.median(warm)
-    always = min(costs[False]) + min(built)
-    every = min(costs[True]) + min(built)
+    always = min(costs[False])
+    every = min(costs[True])
     return {"recipe": recipe_name, "steps": steps, "step_s": step,
             "events_per_step": statistics.mean(len(e) for _, _, e in per_step),
             "recording_s_per_step": always, "share_of_step": always / step,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,7 +20,7 @@ from zephon_core.common.hashing import derive
 from zephon_core.data.sources import LaneSource, SourceState
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.batches import BatchSchedule
-from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
+from zephon_core.engine.observe import DRIVER, Span, StageEvent, StageObserver
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
@@ -81,17 +82,22 @@ class _TransformState:
 
 
 class LaneRun:
-    """The lane's state machine; `observer` (see `engine.observe`) only watches it."""
+    """The lane's state machine; `observer` (see `engine.observe`) and `spans` (the metrics'
+    event log: ``(stage, start, end, elements)`` per group, cheaper than an event) only
+    watch it."""
 
     def __init__(self, lane: int, plan: Plan, runners: dict[int, Runner], source: LaneSource,
                  seed: int, rows_per_step: int, observer: StageObserver | None = None,
                  backlog: Backlog | None = None, gate: PhaseGate | None = None,
-                 batches: BatchSchedule | None = None) -> None:
+                 batches: BatchSchedule | None = None,
+                 spans: Callable[[Span], None] | None = None) -> None:
         self.lane = lane
         #: with a mixture schedule: decides in lane order when the source's next phase starts
         self.gate = gate
         self.backlog = backlog
         self.observer = observer
+        self.spans = spans
+        self.watched = observer is not None or spans is not None
         self.plan = plan
         self.stages = plan.stages
         self.runners = runners
@@ -191,7 +197,7 @@ class LaneRun:
             if not box:
                 continue
             moved = True
-            start = time.monotonic() if self.observer is not None else 0.0
+            start = time.monotonic() if self.watched else 0.0
             seen: list[Origin] = []
             while box:
                 origin, payload = box.popleft()
@@ -226,14 +232,17 @@ class LaneRun:
                         self.gate.released(origin, outs)
                     for o, p in outs:
                         self._to_stage(i + 1, o, p)
-            if self.observer is not None:
+            if self.watched:
                 self._observe(i, DRIVER, start, time.monotonic(), seen)
         return moved
 
     def _observe(self, i: int, runner: str, start: float, end: float,
                  origins: list[Origin]) -> None:
-        self.observer(StageEvent(self.lane, i, self.stages[i].name,  # type: ignore[misc]
-                                 runner, start, end, tuple(origins)))
+        if self.spans is not None:
+            self.spans((i, start, end, len(origins)))
+        if self.observer is not None:
+            self.observer(StageEvent(self.lane, i, self.stages[i].name, runner, start, end,
+                                     tuple(origins)))
 
     def _take_rows(self) -> None:
         while (row := self.combiner.pop_row()) is not None:
@@ -299,7 +308,7 @@ class LaneRun:
         n = min(self.group_size, len(st.waiting))
         take = [st.waiting.popleft() for _ in range(n)]
         elements = [Element(element_key(self.seed, o), p, o) for o, p in take]
-        observed = self.observer is not None
+        observed = self.watched
         submitted = time.monotonic() if observed else 0.0
         group = _Group([o for o, _ in take], self.runners[i].submit(elements), submitted, observed)
         st.inflight.append(group)
@@ -327,7 +336,7 @@ class LaneRun:
                     if self.backlog is not None and i + 1 not in self.t:
                         self.backlog.track(out)
                     self._to_stage(i + 1, o, out)
-                if self.observer is not None:
+                if self.watched:
                     self._observe(i, self.stages[i].runner_kind, group.submitted,
                                   group.done or time.monotonic(), group.origins)
                 moved = True

@@ -183,8 +183,8 @@ class Loader:
         self.end_of_data: list[tuple[int, int]] = []
         self._closed = False
         self.on_metrics, self.metrics_every = on_metrics, metrics_every
-        self._recorder = recorder_for(self, observer, wait_warn_share)
-        self._lane_observer = self._recorder.lane_observer if stage_metrics else observer
+        self._recorder = recorder_for(self, wait_warn_share)
+        self._spans = self._recorder.events.add if stage_metrics else None
         #: sizes the process stages with `Execution(workers="auto")` (None otherwise)
         # runners given by the caller may serve other loaders too: never resized here
         self.sizer = (sizer_for(self.execution, self.plan, self.runners, self._recorder)
@@ -217,8 +217,8 @@ class Loader:
             if gate is not None and gate.tokens:
                 src.token_estimate = gate.token_estimate
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, self.batches.r_at(0),
-                          self._lane_observer, self.backlog, gate,
-                          None if self.batches.static else self.batches)
+                          self.observer, self.backlog, gate,
+                          None if self.batches.static else self.batches, self._spans)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)

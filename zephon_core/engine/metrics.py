@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.engine.observe import DRIVER, StageEvent, StageObserver
+from zephon_core.engine.observe import DRIVER, Span, StageEvent
 
 log = logging.getLogger(__name__)
 
@@ -138,16 +138,12 @@ def busy_seconds(spans: Sequence[tuple[float, float]], workers: int, lo: float,
     return busy
 
 
-#: one observed group, compacted: (stage index, start, end, elements)
-Span = tuple[int, float, float, int]
-
-
 class EventLog:
     """The stage events of one loader, read by several readers, each with its own cursor.
 
-    Cheap where it is paid every group: `add` appends the event as it came (the
-    driver thread, the only writer); every `FOLD_EVERY` events they are folded
-    into compact spans, kept in chunks, the oldest forgotten past `MAX_EVENTS`.
+    Cheap where it is paid every group: the lanes `add` a compact span (the
+    driver thread, the only writer; no `StageEvent` is built for it); every
+    `FOLD_EVERY` spans go into a chunk, the oldest forgotten past `MAX_EVENTS`.
     A reader (`since`) gets the spans after its cursor and a new cursor; the
     metrics snapshot and the worker sizer (`engine/autoscale.py`) read apart,
     so neither takes events from the other. Readers may be other threads.
@@ -155,20 +151,20 @@ class EventLog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._raw: list[StageEvent] = []
+        self._raw: list[Span] = []
         self._chunks: deque[list[Span]] = deque(maxlen=max(1, MAX_EVENTS // FOLD_EVERY))
         self._folded = 0  #: spans ever folded (the sequence number of the next one)
 
-    def add(self, event: StageEvent) -> None:
+    def add(self, span: Span) -> None:
         raw = self._raw
-        raw.append(event)
+        raw.append(span)
         if len(raw) >= FOLD_EVERY:
             self._fold()
 
     def _fold(self) -> None:
         with self._lock:
             raw, self._raw = self._raw, []
-            self._chunks.append([(e[1], e[4], e[5], len(e[6])) for e in raw])
+            self._chunks.append(raw)
             self._folded += len(raw)
 
     def cursor(self) -> int:
@@ -188,7 +184,7 @@ class EventLog:
                 if end > cursor:
                     out += chunk[max(0, cursor - first):]
                 first = end
-            out += [(e[1], e[4], e[5], len(e[6])) for e in raw[max(0, cursor - first):m]]
+            out += raw[max(0, cursor - first):m]
             return out, self._folded + m
 
 
@@ -208,23 +204,20 @@ class _Window:
 
 
 class MetricsRecorder:
-    """Counts what a loader delivers; its `observe` is the loader's stage observer.
+    """Counts what a loader delivers; the lanes add each observed group to its `events`.
 
-    `stages`: ``(name, runner kind, workers)`` by stage index; `chain`: the
-    user's own observer, called after ours; `restarts`, `backlog` and
-    `shm_used`: read at snapshot time.
+    `stages`: ``(name, runner kind, workers)`` by stage index; `restarts`,
+    `backlog` and `shm_used`: read at snapshot time.
     """
 
     def __init__(self, stages: Sequence[tuple[str, str, int]], dataset_names: Sequence[str],
-                 seq_len: int, chain: StageObserver | None = None,
-                 restarts: Callable[[], int] = lambda: 0,
+                 seq_len: int, restarts: Callable[[], int] = lambda: 0,
                  backlog: Callable[[], tuple[int, int]] = lambda: (0, 0),
                  shm_used: Callable[[], int] = lambda: 0,
                  wait_warn_share: float | None = WAIT_WARN_SHARE) -> None:
         self._stages = list(stages)
         self._names = list(dataset_names)
         self._seq_len = seq_len
-        self._chain = chain
         self._restarts, self._backlog, self._shm_used = restarts, backlog, shm_used
         self.events = EventLog()
         self._cursor = 0
@@ -241,16 +234,9 @@ class MetricsRecorder:
         self._cost_keys: set[str] = set()  # every cost seen: a dashboard's series never end
 
     # --- inputs --------------------------------------------------------------
-    @property
-    def lane_observer(self) -> StageObserver:
-        """What the lanes call with each event: `observe`, or without a user's observer to
-        chain, the event log's `add` itself (one Python call less per group)."""
-        return self.observe if self._chain is not None else self.events.add
-
     def observe(self, event: StageEvent) -> None:
-        self.events.add(event)
-        if self._chain is not None:
-            self._chain(event)
+        """Record an observed group given as a `StageEvent` (the lanes add spans directly)."""
+        self.events.add((event.stage, event.start, event.end, len(event.origins)))
 
     def delivered(self, step: int, rows: Sequence[Any], drops: Sequence[tuple[Any, str]]) -> None:
         """Step `step` reached the consumer: its rows and the drops decided with them."""
@@ -383,8 +369,7 @@ class MetricsRecorder:
             stages=self.stage_metrics(events, w.start, now))
 
 
-def recorder_for(loader: Any, chain: StageObserver | None,
-                 wait_warn_share: float | None) -> MetricsRecorder:
+def recorder_for(loader: Any, wait_warn_share: float | None) -> MetricsRecorder:
     """The recorder of `loader` (a `Loader` with its plan, runners and backlog built)."""
     from zephon_core.engine import shm
 
@@ -407,5 +392,5 @@ def recorder_for(loader: Any, chain: StageObserver | None,
         return space.total - space.free
 
     return MetricsRecorder(stages, [d.name for d in loader.recipe.datasets],
-                           loader.recipe.seq_len, chain, restarts, backlog, shm_used,
+                           loader.recipe.seq_len, restarts, backlog, shm_used,
                            wait_warn_share)

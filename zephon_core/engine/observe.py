@@ -20,6 +20,9 @@ from zephon_core.records import Origin
 
 DRIVER = "driver"
 
+#: one observed group as the metrics keep it: (stage index, start, end, elements)
+Span = tuple[int, float, float, int]
+
 
 class StageEvent(NamedTuple):
     """One group of elements through one stage of one lane.
