@@ -321,3 +321,18 @@ def count_batches_job(rank: int, world: int, init_file: str, out_dir: str) -> No
 def digests(shards: Any, D: int, ex: Execution, steps: int = STEPS, **kw: Any) -> list[str]:
     """The gathered digests of `steps` global batches of `make_recipe(shards, **kw)` at `D`."""
     return [r.sha256 for r in run_digests(RecipeFactory(shards, **kw), D, steps, ex)]
+
+
+def hf_image_processor(s: ImageSettings) -> Any:
+    """transformers' Qwen2-VL PIL image processor with the geometry of `s`: the reference
+    zephon's pixels are compared with (transformers 5 names it ...Pil, 4.x
+    Qwen2VLImageProcessor)."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as cls,
+        )
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as cls
+    return cls(min_pixels=s.min_pixels, max_pixels=s.max_pixels, patch_size=s.patch_size,
+               merge_size=s.merge_size, temporal_patch_size=s.temporal_patch_size,
+               image_mean=list(s.image_mean), image_std=list(s.image_std))

@@ -11,13 +11,16 @@ placeholder expansion.
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from tests.helpers.formats import (
     photos,
@@ -27,11 +30,12 @@ from tests.helpers.formats import (
     write_messages,
     write_obelics,
 )
-from tests.helpers.vl import run_epoch
+from tests.helpers.vl import hf_image_processor, run_epoch
 from zephon_core import ConfigError, Execution, Loader, load_recipe, qwen_tokenizer_dir
 from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_core.ops.pack import FILLER_ORIGIN
 from zephon_core.records import Origin
+from zephon_vl import patch_rows
 from zephon_vl.cli.main import main
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
@@ -224,6 +228,34 @@ def test_converted_samples_equal_the_chat_template(name, data, hf_tokenizer) -> 
                        for m in msgs if m["role"] == "assistant"]
             assert trained == "".join(a + "<|im_end|>\n" for a in answers) + "<|endoftext|>"
         checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("name", ["llava", "parquet", "messages", "obelics"])
+def test_converted_samples_have_the_hf_image_processors_pixels(name, data) -> None:
+    """Each image of each converted record, as the pipeline decodes it, equals what
+    transformers' Qwen2-VL image processor makes of the record's own image bytes."""
+    table, expected_drops = data[name]
+    reader = dataset_reader(spec_of(table))
+    settings = replace(IMAGE, normalize="worker")
+    decode = DecodeVision(settings)
+    processor = hf_image_processor(settings)
+    checked = 0
+    for i in range(reader.shard_len(0)):
+        rec = reader.records.read(0, i)
+        if str(rec.get("id", i)) in expected_drops:
+            continue
+        sample = reader.read(0, i)
+        doc = decode.decode(sample)
+        for m, vp in zip(sample["media"], doc["vision"], strict=True):
+            assert not m["video"]
+            ref = processor(Image.open(io.BytesIO(m["data"])), return_tensors="np")
+            np.testing.assert_array_equal(vp.grid_thw, np.asarray(ref["image_grid_thw"])[0])
+            ours = patch_rows([vp.pixel_values], settings).astype(np.float64)
+            assert ours.shape == np.asarray(ref["pixel_values"]).shape, f"{name} record {i}"
+            assert np.abs(ours - np.asarray(ref["pixel_values"])).max() <= 1e-5, \
+                f"{name} record {i}"
+            checked += 1
     assert checked >= 10
 
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from tests.helpers.vl import png_header_only
+from tests.helpers.vl import hf_image_processor, png_header_only
 from zephon_core import BadSampleError, ConfigError
 from zephon_vl import (
     ImageSettings,
@@ -38,33 +38,6 @@ from zephon_vl.media.image import target_size, warn_if_not_simd
 MAX_ABS = 1e-5
 MEAN_ABS = 1e-6
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket"]
-
-
-def _qwen_pil_processor_class():
-    """transformers 5 names the PIL processor ...Pil; 4.x called it Qwen2VLImageProcessor."""
-    try:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil,
-        )
-
-        return Qwen2VLImageProcessorPil
-    except ImportError:
-        from transformers import Qwen2VLImageProcessor
-
-        return Qwen2VLImageProcessor
-
-
-def _reference(s: ImageSettings):
-    cls = _qwen_pil_processor_class()
-    return cls(
-        min_pixels=s.min_pixels,
-        max_pixels=s.max_pixels,
-        patch_size=s.patch_size,
-        merge_size=s.merge_size,
-        temporal_patch_size=s.temporal_patch_size,
-        image_mean=list(s.image_mean),
-        image_std=list(s.image_std),
-    )
 
 
 def _encode(img: Image.Image, fmt: str = "JPEG", **kw) -> bytes:
@@ -88,7 +61,7 @@ S_WORKER = ImageSettings(normalize="worker")
 
 @pytest.fixture(scope="module")
 def reference():
-    return _reference(S_WORKER)
+    return hf_image_processor(S_WORKER)
 
 
 @pytest.mark.parametrize("name", PHOTOS)

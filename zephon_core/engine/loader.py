@@ -120,8 +120,8 @@ class Loader:
     it is called with one every `metrics_every` steps. A warning is logged
     when the consumer waits in ``next()`` more than `wait_warn_share` of its
     loop (None: never). `stage_metrics=False` leaves the stages unobserved
-    (no per-stage busy time, about 2 us less per group of each stage; see
-    docs/observability.md). None of them changes a batch.
+    (no per-stage busy time, two clock reads and a tuple less per group of
+    each stage; see docs/observability.md). None of them changes a batch.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
