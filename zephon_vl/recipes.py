@@ -52,7 +52,7 @@ DatasetArg = Sequence[str | os.PathLike] | str | DatasetSpec | Mapping[str, Any]
 
 
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
-               tokenizer: str | os.PathLike, *, seq_len: int = 2048,
+               tokenizer: str | os.PathLike | None, *, seq_len: int = 2048,
                global_batch_size: int = 8, num_lanes: int = 8, seed: int = 0,
                weights: Mapping[str, float] | None = None,
                image: ImageSettings | Mapping[str, Any] | None = None,
@@ -89,9 +89,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     packs compute-balanced rows (`BalancedPack`: each lane's rows of a step
     carry the same vision tokens) under `balance` (a `BalanceSettings` or its
     ``[balance]`` table). `phases` and `phase_lag` make the mixture a schedule
-    (`Recipe`; docs/elastic-changes.md).
+    (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's own
+    (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
+    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise).
     """
     family = vision_family(family)
+    if tokenizer is None:
+        tokenizer = family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
     if image_every_row is None:

@@ -252,3 +252,23 @@ def test_the_models_own_forward_takes_zephon_batches_with_videos(family, tmp_pat
             if videos == 2:
                 break
     assert videos, "no batch with a video in the steps read"
+
+
+def test_a_recipe_file_without_tokenizer_takes_the_familys(tmp_path) -> None:
+    """A ``kind = "vlm"`` file that names no tokenizer gets the family's (Kimi's special
+    tokens for kimi_k2_5); naming the plain Qwen vocabulary for kimi is refused, naming the
+    missing tokens (CI caught the old default, which was always Qwen's)."""
+    from tests.helpers.formats import recipe_toml, write_llava
+    from zephon_core import load_recipe
+
+    llava, images, _ = write_llava(tmp_path / "llava", records=10)
+    datasets = [{"name": "llava", "format": "llava", "files": [str(llava)],
+                 "image_folder": str(images)}]
+    kimi = get_family("kimi_k2_5")
+    image = kimi.image_settings(50176, 3136, max_patches=300)
+    recipe = load_recipe(str(recipe_toml(tmp_path / "mine.toml", datasets)),
+                         family="kimi_k2_5", image=image)
+    assert recipe.collate.family.name == "kimi_k2_5"  # built: the family's check found its tokens
+    qwen = recipe_toml(tmp_path / "qwen.toml", datasets, tokenizer="qwen")
+    with pytest.raises(Exception, match="media_begin"):
+        load_recipe(str(qwen), family="kimi_k2_5", image=image)

