@@ -476,6 +476,26 @@ def test_sharegpt_turns_in_text_records_train_the_answers(hf_tokenizer) -> None:
         text_document({"conversations": [{"from": "bot", "value": "x"}]})
 
 
+@pytest.mark.parametrize("roles", [("human", "gpt"), ("user", "assistant")])
+def test_role_content_turns_with_sharegpt_roles_train_the_answers(roles, hf_tokenizer) -> None:
+    """``{"role": "human"|"gpt", "content"}`` (ShareGPT's roles under role/content keys)
+    once framed "human" and "gpt" turns as they were and trained only <|endoftext|>; the
+    roles are mapped as for from/value, and an unknown role is a drop (issue 21)."""
+    from zephon_core import BadSampleError
+    from zephon_vl.ops.multimodal import text_document
+
+    doc = text_document({"messages": [{"role": roles[0], "content": "hi"},
+                                      {"role": roles[1], "content": "hello there"}]})
+    assert [t["role"] for t in doc["turns"]] == ["user", "assistant"]
+    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 4096)
+    tok.setup()
+    out = tok.tokenize(doc)
+    assert hf_tokenizer.decode(out["tokens"][out["targets"]].tolist()) == \
+        "hello there<|im_end|>\n<|endoftext|>"
+    with pytest.raises(BadSampleError, match="bad_role"):
+        text_document({"messages": [{"role": "narrator", "content": "x"}]})
+
+
 def test_ledger_drops_name_the_record(data, tmp_path, capsys) -> None:
     """A drop in the per-step ledger names the record (``file:id``) beside its reason."""
     table, expected = data["llava"]

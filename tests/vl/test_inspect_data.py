@@ -51,8 +51,14 @@ def test_reports_kept_dropped_tokens_and_images(tmp_path: Path) -> None:
     assert not rep.warnings
 
 
-def test_unmapped_roles_warn_that_nothing_trains(tmp_path: Path, capsys) -> None:
-    path = recipe_file(tmp_path, ("narrator", "bot"))
+def test_unknown_roles_are_dropped_naming_the_role(tmp_path: Path) -> None:
+    (rep,) = inspect_data(load_recipe(str(recipe_file(tmp_path, ("narrator", "bot")))), 10)
+    assert (rep.kept, rep.dropped) == (0, {"bad_role": 9, "corrupt_image": 1})
+    assert "'narrator'" in rep.examples["bad_role"][0]
+
+
+def test_chats_without_a_trained_role_warn_that_nothing_trains(tmp_path: Path, capsys) -> None:
+    path = recipe_file(tmp_path, ("system", "user"))
     out = tmp_path / "report.json"
     assert main(["inspect-data", "--recipe", str(path), "--samples", "10", "--json", str(out),
                  "--png", str(tmp_path / "png")]) == 0

@@ -125,8 +125,9 @@ def chatml_turn(im_start: int, im_end: int, role: str,
 def parse_turn(turn: Any, where: str) -> dict:
     """One conversation turn as ``{"role": str, "content": [str | None, ...]}``.
 
-    Turns are ``{"role", "content"}`` or LLaVA/ShareGPT's ``{"from", "value"}``
-    (roles mapped by `ROLES`). ``content`` is a string, where ``<image>`` marks
+    Turns are ``{"role", "content"}`` or LLaVA/ShareGPT's ``{"from", "value"}``,
+    their roles mapped by `ROLES` either way (a role it lacks is a ``bad_role`` drop:
+    framed as written, it would train nothing). ``content`` is a string, where ``<image>`` marks
     a media slot, or a list of chat-template parts (``{"type": "text", "text":
     ...}``, ``{"type": "image"}``); either way it becomes text pieces with None
     where a slot goes.
@@ -135,17 +136,15 @@ def parse_turn(turn: Any, where: str) -> dict:
         raise BadSampleError("bad_json", where, f"a conversation turn is {type(turn).__name__}, "
                              "not an object with 'role' and 'content'")
     if "from" in turn and "role" not in turn:
-        raw = turn.get("from")
-        role = ROLES.get(raw) if isinstance(raw, str) else None
-        if role is None:
-            raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
-                                 f"{', '.join(sorted(ROLES))}")
-        content = turn.get("value", "")
+        raw, content = turn.get("from"), turn.get("value", "")
     else:
-        role = turn.get("role", "user")
-        content = turn.get("content", "")
-    if not isinstance(role, str):
+        raw, content = turn.get("role", "user"), turn.get("content", "")
+    if not isinstance(raw, str):
         raise BadSampleError("bad_json", where, "a turn's 'role' is not a string")
+    role = ROLES.get(raw)
+    if role is None:
+        raise BadSampleError("bad_role", where, f"role {raw!r} is none of "
+                             f"{', '.join(sorted(ROLES))}")
     if isinstance(content, str):
         pieces: list[str | None] = []
         for j, chunk in enumerate(content.split(MEDIA_PLACEHOLDER)):
