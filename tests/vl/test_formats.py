@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -658,6 +660,18 @@ def test_a_json_list_without_a_format_is_refused_with_a_hint(data) -> None:
     with pytest.raises(ConfigError, match=r"llava\.json: a JSON list, not JSON Lines: format "
                        r"'text' reads one record a line; name the list's format"):
         vlm_recipe({"llava": table["files"]}, qwen_tokenizer_dir(), num_lanes=4)
+
+
+@pytest.mark.parametrize("fmt", [None, "llava", "webdataset"])
+def test_a_folder_given_as_a_file_is_refused_naming_it(data, fmt) -> None:
+    """A folder in ``files`` once gave "cannot read files with suffixes ['']" (or a
+    format's own puzzling error): it is named, with what a dataset lists instead."""
+    table, _ = data["llava"]
+    folder = os.path.dirname(table["files"][0])
+    spec = {"files": [folder]} if fmt is None else {"files": [folder], "format": fmt}
+    with pytest.raises(ConfigError, match=re.escape(repr(folder)) + " is a folder; a "
+                       "dataset lists its files"):
+        vlm_recipe({"x": spec}, qwen_tokenizer_dir(), num_lanes=4)
 
 
 def test_records_with_images_without_a_format_are_refused_with_a_hint(data) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from zephon_core.data.readers import ShardReader
+from zephon_core.data.storage import is_remote
 from zephon_core.errors import ConfigError, ZephonError
 
 Files = Sequence[str | os.PathLike]
@@ -259,6 +260,11 @@ def dataset_reader(value: Any, index_cache: str | None = None,
     spec = as_spec(value)
     if not spec.file_list:
         raise ConfigError("a dataset needs at least one file")
+    folders = [f for f in spec.file_list if not is_remote(f) and os.path.isdir(f)]
+    if folders:
+        raise ConfigError(f"{folders[0]!r} is a folder; a dataset lists its files "
+                          "(.tar shards, .jsonl/.json or .parquet files), or one manifest "
+                          "from `zephon-vl index`")
     name = spec.format if spec.format is not None else default_format(spec.files)
     fmt = data_format(name)
     if allowed is not None and name not in allowed:
