@@ -306,6 +306,28 @@ def test_llava_records_share_images_and_read_videos(tmp_path) -> None:
                for d in docs[:3])
 
 
+def test_llava_reads_an_images_list_as_image(tmp_path) -> None:
+    """``images`` (LLaVA-OneVision and ShareGPT4V write the list under that name) is read
+    when a record has no ``image``; a record with both is a drop naming them."""
+    (tmp_path / "img").mkdir()
+    for k, (_, jpeg, _) in enumerate(photos(2)):
+        (tmp_path / "img" / f"{k}.jpg").write_bytes(jpeg)
+    conv = [{"from": "human", "value": "<image> or <image>?"}, {"from": "gpt", "value": "b"}]
+    recs = [{"id": "a", "images": ["0.jpg", "1.jpg"], "conversations": conv},
+            {"id": "b", "image": ["0.jpg", "1.jpg"], "conversations": conv},
+            {"id": "c", "image": "0.jpg", "images": ["1.jpg"], "conversations": conv}]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(recs))
+    reader = dataset_reader(DatasetSpec([str(path)], "llava",
+                                        options={"image_folder": str(tmp_path / "img")}))
+    first, second = reader.read(0, 0), reader.read(0, 1)
+    assert [m["name"] for m in first["media"]] == ["0.jpg", "1.jpg"]
+    assert first["turns"] == second["turns"]
+    from zephon_core import BadSampleError
+    with pytest.raises(BadSampleError, match="both 'image' and 'images'"):
+        reader.read(0, 2)
+
+
 def test_json_offset_index_is_built_once_and_cached(tmp_path) -> None:
     from zephon_vl.formats.records import OFFSETS_SUFFIX, RecordFiles
 

@@ -4,7 +4,7 @@
      "conversations": [{"from": "human", "value": "<image>\\nWhat is in the picture?"},
                        {"from": "gpt", "value": "A cat on a sofa."}]}
 
-``image`` is one path or a list (several ``<image>`` placeholders, in order),
+``image`` (or ``images``) is one path or a list (several ``<image>`` placeholders, in order),
 relative to the dataset's ``image_folder``; ``video`` (one path or a list)
 is relative to ``video_folder`` and is placed by ``<video>`` (or ``<image>``
 when the record has no image, as LLaVA-Video writes it). With no placeholder
@@ -60,12 +60,19 @@ def prepend_media(turns: list[dict], count: int, where: Where) -> None:
 
 class LlavaFormat(RecordFormat):
     name = "llava"
-    fields = {"id": "id", "image": "image", "video": "video", "conversations": "conversations"}
+    fields = {"id": "id", "image": "image", "images": "images", "video": "video",
+              "conversations": "conversations"}
     required = (("conversations",),)
 
     def to_sample(self, record: dict, fields: Mapping[str, str], where: Where) -> dict:
         turns, found = chat_turns(record.get(fields["conversations"]), where)
-        images = [media_item(r, False, where) for r in as_list(record.get(fields["image"]))]
+        raw = record.get(fields["image"])
+        if raw is None:
+            raw = record.get(fields["images"])
+        elif record.get(fields["images"]) is not None:
+            raise bad(where, f"both {fields['image']!r} and {fields['images']!r}: give the "
+                      "record's images under one of them")
+        images = [media_item(r, False, where) for r in as_list(raw)]
         videos = [media_item(r, True, where) for r in as_list(record.get(fields["video"]))]
         if not found and (images or videos):
             prepend_media(turns, len(images) + len(videos), where)
