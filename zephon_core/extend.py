@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "file_sha256": "zephon_core.common.digest",
     "option_path": "zephon_core.data.formats",
     "dataset_reader": "zephon_core.data.formats",
+    "dataset_format": "zephon_core.data.formats",
     "base_name": "zephon_core.data.storage",
     "is_remote": "zephon_core.data.storage",
     "local_path": "zephon_core.data.storage",

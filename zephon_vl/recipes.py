@@ -37,7 +37,7 @@ from zephon_core import (
     ShuffleSettings,
     load_tokenizer,
 )
-from zephon_core.extend import dataset_reader, settings_from_table
+from zephon_core.extend import dataset_format, dataset_reader, settings_from_table
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -143,7 +143,7 @@ def _datasets(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
         try:
             spec, wants = _image_every_row(given, image_every_row)
             datasets.append(Dataset(n, dataset_reader(spec, index_cache),
-                                    float(weights.get(n, 1.0))))
+                                    float(weights.get(n, 1.0)), dataset_format(spec)))
         except ConfigError as exc:
             raise ConfigError(f"dataset {n!r}: {exc}") from None
         wants_image.append(wants)

@@ -67,3 +67,20 @@ def test_chats_without_a_trained_role_warn_that_nothing_trains(tmp_path: Path, c
     assert "trains at most one token (the end of text) per sample" in captured.err
     assert json.loads(out.read_text())[0]["kept"] == 9
     assert (tmp_path / "png" / "dataset-0-chats.png").stat().st_size > 1000
+
+
+def test_reports_the_format_each_dataset_is_read_as(tmp_path: Path, capsys) -> None:
+    """The report names the format (``llava``, ``webdataset``), not a reader class."""
+    from tests.helpers.formats import recipe_toml, write_llava
+
+    llava, images, _ = write_llava(tmp_path / "llava", records=10)
+    recipe_file(tmp_path, ("user", "assistant"))  # writes the shards under shards-user/
+    tars = [str(s) for s in sorted((tmp_path / "shards-user").glob("*.tar"))]
+    path = recipe_toml(tmp_path / "two.toml", [
+        {"name": "llava", "format": "llava", "files": [str(llava)], "image_folder": str(images)},
+        {"name": "wds", "files": tars},
+    ], num_lanes=2, global_batch_size=2)
+    reports = inspect_data(load_recipe(str(path)), 4)
+    assert [r.format for r in reports] == ["llava", "webdataset"]
+    assert main(["inspect-data", "--recipe", str(path), "--samples", "4"]) == 0
+    assert "(format llava, 1 shard(s))" in capsys.readouterr().out

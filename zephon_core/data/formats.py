@@ -250,6 +250,12 @@ def as_spec(value: Any) -> DatasetSpec:
     return DatasetSpec(list(value))
 
 
+def dataset_format(value: Any) -> str:
+    """The format a dataset is read as: its own ``format``, else the suffix rule."""
+    spec = as_spec(value)
+    return spec.format if spec.format is not None else default_format(spec.files)
+
+
 def dataset_reader(value: Any, index_cache: str | None = None,
                    allowed: Sequence[str] | None = None) -> ShardReader:
     """The reader of one dataset (see `as_spec`), through its format.
@@ -265,7 +271,7 @@ def dataset_reader(value: Any, index_cache: str | None = None,
         raise ConfigError(f"{folders[0]!r} is a folder; a dataset lists its files "
                           "(.tar shards, .jsonl/.json or .parquet files), or one manifest "
                           "from `zephon-vl index`")
-    name = spec.format if spec.format is not None else default_format(spec.files)
+    name = dataset_format(spec)
     fmt = data_format(name)
     if allowed is not None and name not in allowed:
         raise ConfigError(f"format {name!r} has images or videos; this recipe kind reads "

@@ -45,6 +45,9 @@ class Dataset:
     name: str
     reader: ShardReader
     weight: float = 1.0
+    #: the format its records are read as (``llava``, ``webdataset``...; "" when built
+    #: from a reader alone); not part of `describe`, so no fingerprint depends on it
+    format: str = ""
 
     def describe(self) -> dict:
         return {

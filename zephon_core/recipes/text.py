@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_core.data.formats import DatasetSpec, as_spec, dataset_reader
+from zephon_core.data.formats import DatasetSpec, as_spec, dataset_format, dataset_reader
 from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
@@ -65,7 +65,7 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
             reader = dataset_reader(spec, allowed=("text",))
         except ConfigError as exc:
             raise ConfigError(f"dataset {n!r}: {exc}") from None
-        datasets.append(Dataset(n, reader, float(weights.get(n, 1.0))))
+        datasets.append(Dataset(n, reader, float(weights.get(n, 1.0)), dataset_format(spec)))
     pad_id = load_tokenizer(tokenizer).pad_token_id or 0
     ops = []
     if shuffle_buffer > 0:

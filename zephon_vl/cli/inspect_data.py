@@ -34,7 +34,8 @@ class DataReport:
 
     dataset: int
     name: str
-    reader: str
+    #: the dataset's format (``llava``, ``parquet``...), else its reader's class name
+    format: str
     shards: int
     read: int = 0
     kept: int = 0
@@ -59,7 +60,8 @@ def inspect_data(recipe: Any, samples: int) -> list[DataReport]:
     reports = []
     progress = Progress("zephon-vl inspect-data", len(recipe.datasets) * samples, "samples")
     for j, ds in enumerate(recipe.datasets):
-        rep = DataReport(j, ds.name, type(ds.reader).__name__, ds.reader.num_shards)
+        rep = DataReport(j, ds.name, ds.format or type(ds.reader).__name__,
+                         ds.reader.num_shards)
         for got in probe_dataset(recipe, j, samples):
             rep.read += 1
             progress.update(j * samples + rep.read, ds.name)
@@ -112,7 +114,7 @@ def _spread(values: list[int] | list[float]) -> str:
 
 
 def describe(rep: DataReport) -> str:
-    lines = [f"dataset {rep.dataset} {rep.name!r} ({rep.reader}, {rep.shards} shard(s)): "
+    lines = [f"dataset {rep.dataset} {rep.name!r} (format {rep.format}, {rep.shards} shard(s)): "
              f"{rep.read} read, {rep.kept} kept, {rep.read - rep.kept} dropped"]
     for reason, n in sorted(rep.dropped.items(), key=lambda x: -x[1]):
         lines.append(f"  dropped {reason}: {n}, e.g. " + "; ".join(rep.examples[reason]))
