@@ -275,17 +275,30 @@ def step_rows(micro: list[tuple[dict[str, Any], torch.Tensor]]) -> dict[str, tor
     """One step's micro-batches ``(input_dict, labels)`` as one dict of rows.
 
     The form batch digests hash (`batch_digest`, `gathered_batch_digest`):
-    ``input``, ``positions``, ``labels`` stacked along the row dimension, and
-    ``pixel_values`` (patches) and ``grid_thw`` when the micro-batches carry images.
+    ``input``, ``positions``, ``labels`` stacked along the row dimension, and the
+    patch rows of every image (``pixel_values``, ``grid_thw``) and video
+    (``pixel_values_videos``, ``grid_thw_videos``). A family's conversion pads each
+    item's patches to the longest item of its micro-batch; the padding depends on how
+    a rank count cuts the step, so only each item's own rows are kept, and the
+    digest is the same at every D.
     """
     rows = {"input": torch.cat([x["input"] for x, _ in micro]),
             "positions": torch.cat([x["positions"] for x, _ in micro]),
             "labels": torch.cat([y for _, y in micro])}
-    if any("pixel_values" in x for x, _ in micro):
-        rows["pixel_values"] = torch.cat([x["pixel_values"].flatten(0, -2)
-                                          for x, _ in micro if "pixel_values" in x])
-        rows["grid_thw"] = torch.cat([x["grid_thw"] for x, _ in micro if "grid_thw" in x])
+    for pixels, grid in (("pixel_values", "grid_thw"), ("pixel_values_videos", "grid_thw_videos")):
+        given = [x for x, _ in micro if x.get(pixels) is not None]
+        if given:
+            rows[pixels] = torch.cat([_item_rows(x[pixels], x[grid]) for x in given])
+            rows[grid] = torch.cat([x[grid] for x in given])
     return rows
+
+
+def _item_rows(pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Patch rows ``[patches, dim]``: as given when flat, else each padded item's first
+    ``t*h*w`` rows."""
+    if pixels.dim() == 2:
+        return pixels
+    return torch.cat([pixels[i, :n] for i, n in enumerate(grid.prod(-1).tolist())])
 
 
 def merged_state(loaders: list[ZephonDataLoader]) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""The users' formats through TorchTitan's dataloader config, as a TorchTitan user runs
+them: a recipe file naming each dataset's ``format``, read with no conversion step, gives
+the same global batches at every D and across a resume on another D (issue 21)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
+
+from tests.helpers.formats import (  # noqa: E402
+    recipe_toml,
+    write_cauldron,
+    write_llava,
+    write_obelics,
+)
+from zephon_core import batch_digest  # noqa: E402
+from zephon_vl.titan.check import load_titan_config  # noqa: E402
+from zephon_vl.titan.dataloader import ZephonDataLoader, merged_state, step_rows  # noqa: E402
+
+G, L, SEQ = 8, 4, 1024
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> ZephonDataLoader.Config:
+    root = tmp_path_factory.mktemp("formats")
+    llava, images, _ = write_llava(root / "llava")
+    cauldron, _ = write_cauldron(root / "cauldron")
+    obelics, web, _ = write_obelics(root / "obelics")
+    recipe = recipe_toml(root / "mine.toml", [
+        {"name": "llava", "format": "llava", "files": [str(llava)], "image_folder": str(images)},
+        {"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
+        {"name": "web", "format": "obelics", "files": [str(obelics)], "image_folder": str(web)},
+    ], global_batch_size=G, num_lanes=L)
+    base = load_titan_config("zephon_qwen35_debug").dataloader
+    return dataclasses.replace(base, recipe=str(recipe), num_lanes=L, global_batch_size=G,
+                               runner="inline", background=False)
+
+
+def ranks(config, dp: int) -> list[ZephonDataLoader]:
+    return [config.build(dp_world_size=dp, dp_rank=d, tokenizer=None, seq_len=SEQ,
+                         local_batch_size=G // dp // 2, snapshot_every_n_steps=None)
+            for d in range(dp)]
+
+
+def global_steps(loaders: list[ZephonDataLoader], steps: int) -> list[str]:
+    """Each step's global batch digest: every rank's micro-batches in rank order."""
+    its = [iter(dl) for dl in loaders]
+    out = []
+    for _ in range(steps):
+        micro = [next(it) for it, dl in zip(its, loaders, strict=True)
+                 for _ in range(dl.microbatches)]
+        out.append(batch_digest(step_rows(micro)))
+    return out
+
+
+def closed(loaders: list[ZephonDataLoader]) -> None:
+    for dl in loaders:
+        dl.close()
+
+
+def test_formats_give_the_same_batches_at_every_d_and_across_a_resume(config) -> None:
+    runs = {}
+    for dp in (1, 2, 4):
+        loaders = ranks(config, dp)
+        try:
+            runs[dp] = global_steps(loaders, 4)
+        finally:
+            closed(loaders)
+    assert runs[1] == runs[2] == runs[4]
+    saved = ranks(config, 2)
+    try:
+        assert global_steps(saved, 2) == runs[1][:2]
+        state = merged_state(saved)
+    finally:
+        closed(saved)
+    for dp in (1, 4):
+        resumed = ranks(config, dp)
+        try:
+            for dl in resumed:
+                dl.load_state_dict(state)
+            assert global_steps(resumed, 2) == runs[1][2:], f"resumed at D={dp}"
+        finally:
+            closed(resumed)
