@@ -357,32 +357,39 @@ def test_parquet_row_group_cache_is_bounded(data) -> None:
     assert len(rows) == reader.shard_len(0)
 
 
-def test_remote_parquet_and_llava_through_s3_give_the_local_digests(data, tmp_path,
-                                                                     capsys) -> None:
+def test_every_format_through_s3_gives_the_local_digests(data, tmp_path, capsys) -> None:
     """The storage seam serves record files, their offset index and the images they
-    name: a Parquet file and a LLaVA JSON with its image folder on S3 (moto on 127.0.0.1)."""
+    name: Parquet, a LLaVA JSON, OBELICS documents and chat messages with their image
+    folders on S3 (moto on 127.0.0.1): the local digests, with threads, and across a
+    resume on another D."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
     from zephon_vl.testing.storage_servers import s3_server
 
-    cauldron, _ = data["parquet"]
-    llava, _ = data["llava"]
-    images = sorted(str(p) for p in Path(llava["image_folder"]).iterdir())
-    local = recipe_toml(tmp_path / "local.toml", [cauldron, llava])
-    args = ["--steps", "2", "--dp", "2"]
+    tables = [data[name][0] for name in ("parquet", "llava", "obelics", "messages")]
+    local = recipe_toml(tmp_path / "local.toml", tables)
+    args = ["--steps", "3", "--dp", "2"]
     want = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(local), *args])]
     with s3_server() as server:
-        urls = server.upload("zephon-formats", cauldron["files"] + llava["files"])
-        server.upload("zephon-images", images)
-        remote = recipe_toml(tmp_path / "remote.toml", [
-            {**cauldron, "files": urls[:1]},
-            {**llava, "files": urls[1:], "image_folder": "s3://zephon-images/data"}],
-            index_cache=str(tmp_path / "cache"))
+        remote_tables = []
+        for k, table in enumerate(tables):
+            (url,) = server.upload(f"zephon-files-{k}", table["files"])
+            moved = {**table, "files": [url]}
+            if "image_folder" in table:
+                images = sorted(str(p) for p in Path(table["image_folder"]).iterdir())
+                server.upload(f"zephon-images-{k}", images)
+                moved["image_folder"] = f"s3://zephon-images-{k}/data"
+            remote_tables.append(moved)
+        remote = recipe_toml(tmp_path / "remote.toml", remote_tables,
+                             index_cache=str(tmp_path / "cache"))
         got = [r["sha256"] for r in digest_lines(capsys, ["--recipe", str(remote), *args])]
         threads = [r["sha256"] for r in digest_lines(capsys, [
             "--recipe", str(remote), *args, "--runner", "threads", "--default-workers", "3",
             "--group-size", "2"])]
-    assert got == want and threads == want and len(want) == 2
+        resumed = digest_lines(capsys, ["--recipe", str(remote), *args, "--save-at", "1",
+                                        "--resume-dp", "1"])
+    assert got == want and threads == want and len(want) == 3
+    assert [r["sha256"] for r in resumed if r["phase"] != "run"] == want[1:]
 
 
 def test_unknown_format_lists_the_known_ones(data, tmp_path) -> None:
