@@ -357,6 +357,36 @@ def test_parquet_row_group_cache_is_bounded(data) -> None:
     assert len(rows) == reader.shard_len(0)
 
 
+def test_a_shuffled_group_reads_each_parquet_row_group_once(data, monkeypatch) -> None:
+    """`read_many` (what the read stage calls with a lane's group) decodes each row group
+    it touches once, where row-by-row reads with a cache of one decode a group per row;
+    the samples are the ones `read` gives, in the group's order."""
+    import pyarrow.parquet as pq
+
+    table, _ = data["parquet"]
+    spec = DatasetSpec(table["files"], "parquet", options={"row_group_cache": 1})
+    n = dataset_reader(spec).shard_len(0)
+    pointers = [(0, i) for i in np.random.default_rng(3).permutation(n)[:24].tolist()]
+    decoded: list[int] = []
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def counted(self, i, *args, **kwargs):
+        decoded.append(i)
+        return read_row_group(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    one_by_one = dataset_reader(spec)
+    want = [one_by_one.read(s, i) for s, i in pointers]
+    by_row = len(decoded)
+    decoded.clear()
+    got = dataset_reader(spec).read_many(pointers)
+    assert [g["__key__"] for g in got] == [w["__key__"] for w in want]
+    assert [g["turns"] for g in got] == [w["turns"] for w in want]
+    assert [[m["data"] for m in g["media"]] for g in got] == \
+        [[m["data"] for m in w["media"]] for w in want]
+    assert sorted(decoded) == sorted(set(decoded)) and len(decoded) < by_row
+
+
 def test_every_format_through_s3_gives_the_local_digests(data, tmp_path, capsys) -> None:
     """The storage seam serves record files, their offset index and the images they
     name: Parquet, a LLaVA JSON, OBELICS documents and chat messages with their image

@@ -214,8 +214,15 @@ class FormatReader:
         return f"{name}:{self.format.key_of(record, self.fields, index)}"
 
     def read(self, shard: int, index: int) -> dict:
+        return self._sample(shard, index, self.records.read(shard, index))
+
+    def read_many(self, pointers: list[tuple[int, int]]) -> list[dict]:
+        """`read` of a group at once (`ReadsMany`): each Parquet row group read once."""
+        records = self.records.read_many(pointers)
+        return [self._sample(s, i, r) for (s, i), r in zip(pointers, records, strict=True)]
+
+    def _sample(self, shard: int, index: int, record: Any) -> dict:
         name = base_name(self.records.files[shard])
-        record = self.records.read(shard, index)
         where = Where(name, index, self.format.key_of(record, self.fields, index))
         if not isinstance(record, dict):
             raise bad(where, f"a record is a {type(record).__name__}, not an object")

@@ -268,14 +268,38 @@ class RecordFiles:
         decoding only that column of its row group (not cached)."""
         if column not in self.columns[s]:
             return {}
-        starts = self.group_starts[s]
-        g = int(np.searchsorted(starts, i, side="right")) - 1
+        g = self._group_of(s, i)
         table = self._parquet(s).read_row_group(g, columns=[column])
-        return table.slice(i - int(starts[g]), 1).to_pylist()[0]
+        return table.slice(i - int(self.group_starts[s][g]), 1).to_pylist()[0]
+
+    def read_many(self, pointers: list[tuple[int, int]]) -> list[Any]:
+        """The records of `pointers`, in their order, each Parquet row group they touch
+        read once: a lane's shuffled group spans more row groups than the cache holds,
+        and row by row it would decode a group once per row."""
+        out: list[Any] = [None] * len(pointers)
+        rows: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for j, (s, i) in enumerate(pointers):
+            if self.kinds[s] == "parquet":
+                g = self._group_of(s, i)
+                rows.setdefault((s, g), []).append((j, i - int(self.group_starts[s][g])))
+            else:
+                out[j] = self.read(s, i)
+        for (s, g), wanted in sorted(rows.items()):
+            table = self._row_group(s, g).take([r for _, r in wanted])
+            for (j, _), record in zip(wanted, table.to_pylist(), strict=True):
+                out[j] = record
+        return out
+
+    def _group_of(self, s: int, i: int) -> int:
+        return int(np.searchsorted(self.group_starts[s], i, side="right")) - 1
 
     def _row(self, s: int, i: int) -> dict:
-        starts = self.group_starts[s]
-        g = int(np.searchsorted(starts, i, side="right")) - 1
+        g = self._group_of(s, i)
+        table = self._row_group(s, g)
+        return table.slice(i - int(self.group_starts[s][g]), 1).to_pylist()[0]
+
+    def _row_group(self, s: int, g: int) -> Any:
+        """Row group `g` of file `s`, from the bounded cache or read (and cached)."""
         pf = self._parquet(s)
         with self._lock:
             table = self._groups.get((s, g))
@@ -291,5 +315,4 @@ class RecordFiles:
                 self._groups[(s, g)] = table
                 while len(self._groups) > self.row_group_cache:
                     self._groups.popitem(last=False)
-        return table.slice(i - int(starts[g]), 1).to_pylist()[0]
-
+        return table
