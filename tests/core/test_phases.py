@@ -131,7 +131,7 @@ def test_within_a_phase_the_deficit_rule_restarts():
 def test_datasets_join_and_leave_at_phases_exactly_by_draw():
     """Every sample drawn in phase p comes from a dataset weighted > 0 in p: ds2 (weight 0
     at first) joins at phase 1, ds0 leaves at phase 2; the ledger names each sample's
-    phase, and a step's mixture lacks a dataset no sample of it came from."""
+    phase, and a step's mixture lists every dataset of the recipe, 0 for one it holds none of."""
     from tests.helpers.core import build_recipe
     from zephon_core.engine.plan import Plan
     from zephon_core.engine.simulate import SimulatedRanks
@@ -152,10 +152,12 @@ def test_datasets_join_and_leave_at_phases_exactly_by_draw():
                 for sample in row["samples"]:
                     assert sample["dataset"] in allowed[sample["phase"]], sample
                     seen.add(sample["phase"])
-            assert set(map(int, entry["mixture"]["tokens"])) <= set().union(
-                *(allowed[p] for p in entry["mixture"]["phases"]))
+            mix = entry["mixture"]
+            assert set(mix["tokens"]) == set(mix["samples"]) == {"0", "1", "2"}
+            assert {int(k) for k, v in mix["tokens"].items() if v} <= set().union(
+                *(allowed[p] for p in mix["phases"]))
         assert seen == {0, 1, 2}
-        assert "0" not in entry["mixture"]["tokens"]  # ds0 has left by the last step
+        assert mix["tokens"]["0"] == mix["samples"]["0"] == 0  # ds0 has left by the last step
     finally:
         for loader in sim.loaders:
             loader.close()
