@@ -23,8 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.core import DataSpec, Spec, World, divisors, keep, make_shards
+from tests.helpers.core import DataSpec, Spec, World, costed_tokens, divisors, keep, make_shards
 from zephon_core import (
+    BalancedPack,
     CheckpointError,
     ConfigError,
     Execution,
@@ -210,12 +211,28 @@ def test_another_lane_count_is_refused_unless_asked():
             w.loaders[0].load_state_dict(state)
 
 
-def test_lane_change_refuses_what_it_cannot_redeal():
-    spec = spec_for(TWO, 4, phases=(Phase(3, {"ds0": 1.0, "ds1": 1.0}),))
+def _balanced() -> BalancedPack:
+    return BalancedPack(32, "vision", 3.0, rows_per_group=2)
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    # each lane's phase gate counts its rows and settled draws from step 0
+    (dict(phases=(Phase(3, {"ds0": 1.0, "ds1": 1.0}),)), r"mixture schedule.*from step 0"),
+    # each lane's token deficits are its own settled tallies from step 0
+    (dict(mix_by="tokens"), r"mix_by='tokens'.*token.*from step 0.*mix_by='samples'"),
+    # balanced packing's groups are a lane's G / L rows
+    (dict(combiner=_balanced(), map_fn=costed_tokens),
+     r"balanced packing.*G / L.*Pack"),
+])
+def test_lane_change_refuses_what_it_cannot_redeal(changes, why):
+    """Each refusal names its reason and what to do (resume with the checkpoint's lanes)."""
+    spec = spec_for(TWO, 4).but(**changes)
     state = save(spec, 1, 2, KNOBS[0])
     with World(spec.but(num_lanes=8, rows_per_lane=1), 1) as w:
-        with pytest.raises(ConfigError, match="mixture schedule"):
+        with pytest.raises(ConfigError, match=why + r".*checkpoint's lane count \(4\)"):
             w.loaders[0].load_state_dict(state, allow_lane_change=True)
+        with pytest.raises(ConfigError, match=why):
+            change_lanes(state, w.recipe)
 
 
 def test_lane_change_refuses_a_damaged_state():
