@@ -8,7 +8,8 @@ execution knobs of the saving run:
   for, exactly once, after it (single dataset, one epoch: every sample of the
   data is accounted for, before or after);
 * the batches after the change are the same at every D2 dividing L2 and
-  whatever the saving run's runner, group size and prefetch were;
+  whatever the runner, workers, group size and prefetch of the saving run and
+  of the resumed run are (each drawn);
 * a checkpoint taken after the change resumes on another D with the same
   batches, and can change the lane count again, deterministically.
 """
@@ -22,8 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.core import DataSpec, Spec, World, divisors, keep, make_shards
+from tests.helpers.core import DataSpec, Spec, World, costed_tokens, divisors, keep, make_shards
 from zephon_core import (
+    BalancedPack,
     CheckpointError,
     ConfigError,
     Execution,
@@ -107,10 +109,11 @@ def save(spec: Spec, D: int, K: int, ex: Execution, fates: Fates | None = None) 
 
 
 def resumed(spec: Spec, D: int, state: dict, steps: int | None = None,
-            fates: Fates | None = None, save_after: int | None = None):
+            fates: Fates | None = None, save_after: int | None = None,
+            ex: Execution | None = None):
     """Digests of the resumed run (to the end, then drained into `fates`), and with
-    `save_after` the global state after that many steps."""
-    with World(spec, D) as w:
+    `save_after` the global state after that many steps; `ex` its knobs (inline if None)."""
+    with World(spec, D, ex) as w:
         for loader in w.loaders:
             loader.load_state_dict(state, allow_lane_change=True)
         digests, later = [], None
@@ -132,7 +135,8 @@ def resumed(spec: Spec, D: int, state: dict, steps: int | None = None,
 
 
 KNOBS = [Execution(runner="inline"), Execution(runner="inline", group_size=3, prefetch=1),
-         Execution(runner="threads", group_size=2, prefetch=3, prefetch_steps=2)]
+         Execution(runner="threads", group_size=2, prefetch=3, prefetch_steps=2),
+         Execution(runner="threads", group_size=8, prefetch=2, default_workers=2, fuse=False)]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,13 +154,15 @@ def test_lane_change_property(L, L2, K, data, datasets, shuffle_pos):
         return  # the data ended before K
     other = save(old, data.draw(st.sampled_from(divisors(L)), "D'"), K, b)
     runs = {}
-    for D2 in divisors(L2):
-        runs[D2], _ = resumed(new, D2, state, fates=fates if D2 == 1 else None)
+    for D2 in divisors(L2):  # each resume with its own knobs: the batches are the same
+        ex2 = data.draw(st.sampled_from(KNOBS), f"knobs of the resume at D2={D2}")
+        runs[D2], _ = resumed(new, D2, state, fates=fates if D2 == 1 else None, ex=ex2)
     fates.check(new)
     if datasets is ONE:
         fates.every_sample(new)
-    assert len(set(map(tuple, runs.values()))) == 1, "the resumed batches differ with D2"
-    again, _ = resumed(new, data.draw(st.sampled_from(divisors(L2)), "D2'"), other)
+    assert len(set(map(tuple, runs.values()))) == 1, "the resumed batches differ with D2 or knobs"
+    again, _ = resumed(new, data.draw(st.sampled_from(divisors(L2)), "D2'"), other,
+                       ex=data.draw(st.sampled_from(KNOBS), "knobs of the resume of B"))
     assert again == runs[1], "the resumed batches differ with the saving run's knobs"
 
 
@@ -205,12 +211,28 @@ def test_another_lane_count_is_refused_unless_asked():
             w.loaders[0].load_state_dict(state)
 
 
-def test_lane_change_refuses_what_it_cannot_redeal():
-    spec = spec_for(TWO, 4, phases=(Phase(3, {"ds0": 1.0, "ds1": 1.0}),))
+def _balanced() -> BalancedPack:
+    return BalancedPack(32, "vision", 3.0, rows_per_group=2)
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    # each lane's phase gate counts its rows and settled draws from step 0
+    (dict(phases=(Phase(3, {"ds0": 1.0, "ds1": 1.0}),)), r"mixture schedule.*from step 0"),
+    # each lane's token deficits are its own settled tallies from step 0
+    (dict(mix_by="tokens"), r"mix_by='tokens'.*token.*from step 0.*mix_by='samples'"),
+    # balanced packing's groups are a lane's G / L rows
+    (dict(combiner=_balanced(), map_fn=costed_tokens),
+     r"balanced packing.*G / L.*Pack"),
+])
+def test_lane_change_refuses_what_it_cannot_redeal(changes, why):
+    """Each refusal names its reason and what to do (resume with the checkpoint's lanes)."""
+    spec = spec_for(TWO, 4).but(**changes)
     state = save(spec, 1, 2, KNOBS[0])
     with World(spec.but(num_lanes=8, rows_per_lane=1), 1) as w:
-        with pytest.raises(ConfigError, match="mixture schedule"):
+        with pytest.raises(ConfigError, match=why + r".*checkpoint's lane count \(4\)"):
             w.loaders[0].load_state_dict(state, allow_lane_change=True)
+        with pytest.raises(ConfigError, match=why):
+            change_lanes(state, w.recipe)
 
 
 def test_lane_change_refuses_a_damaged_state():

@@ -115,6 +115,59 @@ def test_without_a_lag_the_new_phase_starts_right_after_the_boundary():
         assert all(s.origin.dataset == 0 for row in rows[:start * r] for s in row.segments)
 
 
+def test_with_a_lag_the_first_new_phase_draw_is_the_documented_one():
+    """The rule of docs/elastic-changes.md, with `phase_lag > 0` and no shuffle: draw `n` is
+    the lane's first of the new phase iff `R(n - 1 - phase_lag) >= B`, where `R(m)` is the rows
+    the combiner has made once draws `0..m` reached it (each element's trigger is its own
+    draw). `R` is recomputed here by feeding a fresh combiner the lane's delivered samples in
+    draw order. After the switch the old phase is never drawn again: the old samples in rows
+    from the first one holding a new-phase sample on are those the combiner held then."""
+    start, lag = 2, 3
+    spec = Spec(datasets=DATA[:2], num_lanes=2, rows_per_lane=2, shuffle_pos=None,
+                use_filter=False, phases=(Phase(0, {"ds0": 1.0}), Phase(start, {"ds1": 1.0})),
+                phase_lag=lag)
+    r, steps = spec.rows_per_lane, 8
+    with World(spec, 1, Execution(runner="threads", group_size=2, prefetch=3)) as w:
+        out = [w.step() for _ in range(steps)]
+        state = w.state()
+        combiner_op, seed = w.recipe.combiner, w.recipe.seed
+    B = start * r
+    for lane in range(spec.num_lanes):
+        rows = [row for rows in out for row in rows[lane * r:(lane + 1) * r]]
+        payloads = {s.origin: s.payload for row in rows for s in row.segments}
+        ordered = sorted(payloads, key=lambda o: o.seq)
+        first_new = min(o.seq for o in ordered if o.dataset == 1)
+        assert all(o.dataset == 0 for o in ordered if o.seq < first_new)
+        # R(m) for every old draw m, from a fresh combiner fed in draw order
+        fresh, made, R = combiner_op.make(lane, seed), [], [0] * first_new
+        for o in ordered:
+            if o.seq >= first_new:
+                break
+            assert fresh.push(o, payloads[o]) is None
+            while (row := fresh.pop_row()) is not None:
+                made.append([(s.origin, s.start, s.end) for s in row.segments])
+            R[o.seq] = len(made)  # a draw dropped before the combiner leaves R as it was
+        R = [max(R[:m + 1]) for m in range(first_new)]
+        predicted = next(n for n in range(1 + lag, first_new + 1) if R[n - 1 - lag] >= B)
+        assert first_new == predicted, (lane, first_new, predicted)
+        assert predicted > next(n for n in range(1, first_new + 1) if R[n - 1] >= B), \
+            "the lag did not move the switch: this test would not see it"
+        assert state["lanes"][str(lane)]["phase_gate"]["start_draws"] == [predicted]
+        # rows before B hold old draws only; from the first row with a new-phase sample on,
+        # the old samples are exactly those the combiner held when the new phase began
+        assert made == [[(s.origin, s.start, s.end) for s in row.segments]
+                        for row in rows[:len(made)]]  # the same rows as the lane's
+        held = {o for o in ordered if o.seq < first_new} - {
+            s.origin for row in rows[:len(made)] for s in row.segments}
+        switch = next(i for i, row in enumerate(rows)
+                      if any(s.origin.dataset == 1 for s in row.segments))
+        assert switch >= len(made) >= B
+        late_old = {s.origin for row in rows[switch:] for s in row.segments
+                    if s.origin.dataset == 0}
+        assert late_old <= held, sorted(late_old - held)
+        assert all(s.origin.dataset == 0 for row in rows[:B] for s in row.segments)
+
+
 def test_within_a_phase_the_deficit_rule_restarts():
     """A phase's mixture is its own from its first draw: history does not skew it."""
     spec = Spec(datasets=DATA[:2], num_lanes=1, rows_per_lane=4, shuffle_pos=None,
@@ -131,7 +184,7 @@ def test_within_a_phase_the_deficit_rule_restarts():
 def test_datasets_join_and_leave_at_phases_exactly_by_draw():
     """Every sample drawn in phase p comes from a dataset weighted > 0 in p: ds2 (weight 0
     at first) joins at phase 1, ds0 leaves at phase 2; the ledger names each sample's
-    phase, and a step's mixture lacks a dataset no sample of it came from."""
+    phase, and a step's mixture lists every dataset of the recipe, 0 for one it holds none of."""
     from tests.helpers.core import build_recipe
     from zephon_core.engine.plan import Plan
     from zephon_core.engine.simulate import SimulatedRanks
@@ -152,10 +205,12 @@ def test_datasets_join_and_leave_at_phases_exactly_by_draw():
                 for sample in row["samples"]:
                     assert sample["dataset"] in allowed[sample["phase"]], sample
                     seen.add(sample["phase"])
-            assert set(map(int, entry["mixture"]["tokens"])) <= set().union(
-                *(allowed[p] for p in entry["mixture"]["phases"]))
+            mix = entry["mixture"]
+            assert set(mix["tokens"]) == set(mix["samples"]) == {"0", "1", "2"}
+            assert {int(k) for k, v in mix["tokens"].items() if v} <= set().union(
+                *(allowed[p] for p in mix["phases"]))
         assert seen == {0, 1, 2}
-        assert "0" not in entry["mixture"]["tokens"]  # ds0 has left by the last step
+        assert mix["tokens"]["0"] == mix["samples"]["0"] == 0  # ds0 has left by the last step
     finally:
         for loader in sim.loaders:
             loader.close()

@@ -65,8 +65,10 @@ def test_two_phases_same_digests_at_every_D_and_across_a_resume(recipe: Path, tm
     # the ledger: before the boundary, only phase 0 draws of `a`; later only `b`
     steps_seen = read_ledger(ledger).steps
     mix = [steps_seen[t]["mixture"] for t in range(steps)]
-    assert all(m["phases"] == [0] and set(m["tokens"]) == {"0"} for m in mix[:START])
-    assert mix[-1]["phases"] == [1] and set(mix[-1]["tokens"]) == {"1"}
+    # every dataset of the recipe is listed, 0 for one the step holds none of
+    assert all(m["phases"] == [0] and m["tokens"]["0"] > 0 == m["tokens"]["1"] == m["samples"]["1"]
+               for m in mix[:START])
+    assert mix[-1]["phases"] == [1] and mix[-1]["tokens"]["0"] == 0 < mix[-1]["tokens"]["1"]
     assert main(["verify", str(ledger), "--mixture"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("step  phase  drawn in  rows")
@@ -100,3 +102,42 @@ def test_a_resume_that_asks_for_another_global_batch_size(recipe: Path, tmp_path
     assert lane0 == [r["samples"] for t in (2, 3) for r in run.steps[t]["rows"]
                      if r["lane"] == 0]
     assert len(out) == steps + steps - 2
+
+
+@pytest.mark.parametrize("mix_by", ["samples", "tokens"])
+def test_inspect_shows_the_realized_shares(mix_by: str, tmp_path: Path, capsys) -> None:
+    """Per dataset, over all lanes: the samples drawn, those drawn in each lane's current
+    phase and, with mix_by = "tokens", the settled tokens the deficit rule counts."""
+    from tests.helpers.core import DataSpec, Spec, World
+    from zephon_core import Phase, save_state
+
+    spec = Spec(datasets=(DataSpec((30, 17, 25), max_len=30, data_seed=1),
+                          DataSpec((11, 9, 14), max_len=20, data_seed=2, weight=0.5)),
+                num_lanes=2, rows_per_lane=2, mix_by=mix_by, phase_lag=2,
+                phases=(Phase(2, {"ds0": 1.0, "ds1": 1.0}),))
+    with World(spec, 1) as w:
+        for _ in range(6):
+            w.step()
+        state = w.state()
+    save_state(state, tmp_path / "s.json")
+    lanes = state["lanes"].values()
+    drawn = [sum(s["source"]["counts"][j] for s in lanes) for j in range(2)]
+    phase = [sum(s["source"]["phase_counts"][j] for s in lanes) for j in range(2)]
+    assert main(["inspect", str(tmp_path / "s.json")]) == 0
+    text = capsys.readouterr().out
+
+    def share(counts: list[int]) -> str:
+        return ", ".join(f"ds{j} {c} ({c / sum(counts):.1%})" for j, c in enumerate(counts))
+
+    assert f"samples drawn per dataset (all lanes, from step 0): {share(drawn)}" in text
+    assert f"samples drawn in each lane's current phase: {share(phase)}" in text
+    if mix_by == "tokens":
+        tokens = [sum(s["phase_gate"]["settled_tokens"][j] for s in lanes) for j in range(2)]
+        assert sum(tokens) > 0
+        assert f"tokens settled in each lane's current phase (mix_by tokens): {share(tokens)}" \
+            in text
+    else:
+        assert "tokens settled" not in text
+    assert main(["inspect", str(tmp_path / "s.json"), "--json"]) == 0
+    realized = json.loads(capsys.readouterr().out)["realized"]
+    assert realized["samples"] == drawn and realized["phase_samples"] == phase

@@ -123,8 +123,9 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
     return out
 
 
-def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
-    """The ledger line of a global step from every lane's entry (any rank's, merged)."""
+def step_entry(step: int, entries: Mapping[int, dict], datasets: int = 0) -> dict:
+    """The ledger line of a global step from every lane's entry (any rank's, merged);
+    `datasets` the recipe's dataset count, so its mixture shows a 0 for each one not drawn."""
     order = sorted(entries)
     digest = hashlib.sha256("".join(f"{lane}:{entries[lane]['digest']}\n"
                                     for lane in order).encode()).hexdigest()
@@ -136,15 +137,17 @@ def step_entry(step: int, entries: Mapping[int, dict]) -> dict:
         "lanes": {str(lane): entries[lane]["digest"] for lane in order},
         "rows": rows,
         "drops": [{"lane": lane, **d} for lane in order for d in entries[lane]["drops"]],
-        "mixture": step_mixture(rows),
+        "mixture": step_mixture(rows, datasets),
     }
 
 
-def step_mixture(rows: list[dict]) -> dict[str, Any]:
+def step_mixture(rows: list[dict], datasets: int = 0) -> dict[str, Any]:
     """The realized mixture of a step, per dataset index: samples (segments that begin a
-    sample) and tokens (span lengths) its rows hold. Derived from the rows alone."""
-    samples: dict[str, int] = {}
-    tokens: dict[str, int] = {}
+    sample) and tokens (span lengths) its rows hold. Derived from the rows alone; datasets
+    `0..datasets-1` are listed with 0 when the step holds none of them, so a dataset weighted
+    0 (or removed) by a phase shows as 0, not as a missing key."""
+    samples: dict[str, int] = {str(j): 0 for j in range(datasets)}
+    tokens: dict[str, int] = dict(samples)
     phases: set[int] = set()
     for row in rows:
         for s in row["samples"]:
@@ -247,6 +250,7 @@ class RankLedger:
                 self.distributed = True
                 rank = dist.get_rank()
         self.writer = LedgerWriter(path, fingerprint) if rank == 0 else None
+        self.datasets = len(fingerprint.get("datasets", ()))
 
     def record(self, step: int, entries: dict[int, dict]) -> None:
         if self.distributed:
@@ -258,7 +262,7 @@ class RankLedger:
         else:
             merged = entries
         if self.writer is not None:
-            self.writer.write(step_entry(step, merged))
+            self.writer.write(step_entry(step, merged, self.datasets))
 
     def restart(self) -> None:
         if self.writer is not None:

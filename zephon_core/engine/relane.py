@@ -64,15 +64,25 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
     whose groups are ``G / L`` rows), naming them.
     """
     L2 = recipe.num_lanes
-    if recipe.schedule() is not None:
+    if any(p.weights is not None for p in recipe.phases):
         raise ConfigError("a lane-count change on resume is not supported with a mixture "
-                          "schedule ([[phases]] with weights) or mix_by='tokens'; resume with "
-                          f"the checkpoint's lane count ({_lanes(state)})")
+                          "schedule ([[phases]] with weights): each lane's phase gate counts "
+                          "its own rows and settled draws from step 0, and no rule re-deals "
+                          "that count over other lanes; resume with the checkpoint's lane "
+                          f"count ({_lanes(state)})")
+    if recipe.schedule() is not None:  # mix_by="tokens" without phases
+        raise ConfigError("a lane-count change on resume is not supported with "
+                          "mix_by='tokens': each lane's deficit rule counts the settled "
+                          "tokens of its own draws from step 0, and no rule re-deals those "
+                          "tallies over other lanes (a run whose lane count will change mixes "
+                          "with mix_by='samples'); resume with the checkpoint's lane count "
+                          f"({_lanes(state)})")
     comb = recipe.combiner
     if type(comb).rows_in_state is CombinerOp.rows_in_state:
+        why = f": {comb.lane_change_refusal}" if comb.lane_change_refusal else ""
         raise ConfigError(f"the combiner {comb.name!r} ({type(comb).__name__}) does not support "
-                          "a lane-count change on resume; resume with the checkpoint's lane "
-                          f"count ({_lanes(state)})")
+                          f"a lane-count change on resume{why}; resume with the checkpoint's "
+                          f"lane count ({_lanes(state)})")
     for op in recipe.ops[:-1]:
         if isinstance(op, AccumulatorOp) and type(op).origins_in_state is \
                 AccumulatorOp.origins_in_state:

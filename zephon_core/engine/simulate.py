@@ -107,7 +107,8 @@ class SimulatedRanks:
         if self.digests:
             entries = {lane: e for ld in self.loaders
                        for lane, e in (ld.last_meta.ledger or {}).items()}  # type: ignore[union-attr]
-            ledger = step_entry(self.loaders[0].last_meta.step, entries)  # type: ignore[union-attr]
+            ledger = step_entry(self.loaders[0].last_meta.step,  # type: ignore[union-attr]
+                                entries, len(self.recipe.datasets))
         return GlobalStep(self.recipe.collate(rows), rows, ledger)
 
     def state_json(self) -> str:

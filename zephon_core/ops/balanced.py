@@ -93,6 +93,11 @@ class BalanceSettings:
 class BalancedPack(CombinerOp):
     """Rows whose `cost` per lane and step follows one target for every lane (see module doc)."""
 
+    lane_change_refusal = ("balanced packing makes each lane's rows in groups of "
+                           "rows_per_group (G / L rows, one lane's step) balanced to the lane's "
+                           "cost target, and no rule re-deals its groups and buffers over other "
+                           "lanes (a run whose lane count will change packs with Pack)")
+
     def __init__(self, seq_len: int, cost: str, budget: float, rows_per_group: int = 1,
                  heavy_every: int = 0, heavy_budget: float = 0.0, lookahead: int = 4,
                  tolerance: float = 0.03, split_text: bool = True,

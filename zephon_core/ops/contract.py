@@ -189,6 +189,9 @@ class CombinerOp(StatefulOp):
 
     seq_len: int
     pad_id: int = 0
+    #: why this combiner cannot be re-dealt over another lane count (and what to use instead),
+    #: for the refusal's message when it does not implement `rows_in_state`
+    lane_change_refusal: str = ""
 
     @abstractmethod
     def make(self, lane: int, seed: int) -> Combiner: ...

@@ -7,7 +7,9 @@ torch.distributed.checkpoint in this process (no process group). Prints the
 recipe fingerprint, the step, and per lane the source position (draws, and
 per dataset the elements taken and the epoch they are in) and the elements
 buffered (in flight, in accumulators such as a shuffle buffer, in the
-packer's open rows); ``--json`` prints the same as JSON.
+packer's open rows), and the realized shares per dataset over all lanes
+(samples drawn; in each lane's current phase; settled tokens with
+``mix_by = "tokens"``); ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def summarize(state: dict) -> dict:
             lanes[key]["phase"] = src["phase"]
             lanes[key]["phase_start_draws"] = snap.get("phase_gate", {}).get("start_draws")
     return {
+        "realized": _realized(state, len(totals)),
         "recipe": fp.get("recipe"), "fingerprint_sha256": state.get("fingerprint_sha256"),
         "num_lanes": L, "global_batch_size": fp.get("global_batch_size"),
         "seq_len": fp.get("seq_len"), "seed": fp.get("seed"), "epochs": fp.get("epochs"),
@@ -152,6 +155,32 @@ def summarize(state: dict) -> dict:
         "global_batch_sizes": state.get("global_batch_sizes", []),
         "lane_changes": state.get("lane_changes", []),
     }
+
+
+def _realized(state: dict, nds: int) -> dict:
+    """Per dataset, summed over the lanes: the samples drawn (since step 0 or the last lane
+    change, where the lanes' tallies restart), those drawn in each lane's current phase and,
+    with mix_by = "tokens", the phase's settled tokens that the deficit rule counts."""
+    snaps = list(state["lanes"].values())
+    srcs = [snap.get("source", {}) for snap in snaps]
+
+    def total(lists: list[list[int]]) -> list[int]:
+        return [sum(int(v[j]) for v in lists if j < len(v)) for j in range(nds)]
+
+    changes = state.get("lane_changes", [])
+    out: dict[str, Any] = {"since_step": changes[-1][0] if changes else 0,
+                           "samples": total([s.get("counts", []) for s in srcs])}
+    if any("phase_counts" in s for s in srcs):
+        out["phase_samples"] = total([s.get("phase_counts", []) for s in srcs])
+    if state["fingerprint"].get("mix_by") == "tokens":
+        out["phase_tokens"] = total([snap.get("phase_gate", {}).get("settled_tokens", [])
+                                     for snap in snaps])
+    return out
+
+
+def _shares(names: list[str], counts: list[int]) -> str:
+    whole = sum(counts) or 1
+    return ", ".join(f"{n} {c} ({c / whole:.1%})" for n, c in zip(names, counts, strict=False))
 
 
 def _position(src: dict, j: int, c: int, L: int, lane: int) -> int:
@@ -183,6 +212,7 @@ def render(s: dict) -> str:
            *(["lane count changed on resume: " + ", ".join(
                f"{a} -> {b} lanes at step {t}" for t, a, b in s["lane_changes"])]
              if s.get("lane_changes") else []),
+           *_render_realized(s),
            "lane  draws  taken per dataset  epoch  rows  in flight  buffered  drops pending"]
     for lane, v in s["lanes"].items():
         taken = ",".join(map(str, v["taken"]))
@@ -192,6 +222,20 @@ def render(s: dict) -> str:
         out.append(f"{lane:<5} {v['draws']!s:<6} {taken:<18} {epoch:<6} {v['rows']!s:<5} "
                    f"{v['in_flight']:<10} {v['buffered']:<9} {v['pending_drops']}{phase}")
     return "\n".join(out)
+
+
+def _render_realized(s: dict) -> list[str]:
+    r, names = s["realized"], [d["name"] for d in s["datasets"]]
+    since = "from step 0" if not r["since_step"] else f"since the lane change at step " \
+        f"{r['since_step']}"
+    out = [f"samples drawn per dataset (all lanes, {since}): {_shares(names, r['samples'])}"]
+    if "phase_samples" in r:
+        out.append("samples drawn in each lane's current phase: "
+                   + _shares(names, r["phase_samples"]))
+    if "phase_tokens" in r:
+        out.append("tokens settled in each lane's current phase (mix_by tokens): "
+                   + _shares(names, r["phase_tokens"]))
+    return out
 
 
 def _args(p: argparse.ArgumentParser) -> None:
