@@ -670,19 +670,48 @@ def _data(args: argparse.Namespace, samples: int) -> Any:
 
 
 def _say(msg: str) -> None:
+    """A warning, a failure or the final result: stderr, always (piped too)."""
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    from zephon_bench.report import markdown
-    from zephon_bench.workload import WorkSpec
+def _warn(progress: Any, msg: str) -> None:
+    """`_say` that keeps a terminal's progress line whole (printed above it)."""
+    if progress.enabled:
+        progress.say(msg)
+    else:
+        _say(msg)
 
-    from zephon_core import qwen_tokenizer_dir
+
+def report_run(progress: Any, key: str, m: dict, disturbed: bool, elapsed_s: float) -> None:
+    """One finished run: its line on a terminal (`zephon_vl.cli.progress.Progress.say`),
+    nothing in a pipe, where only the results are wanted (bench.json keeps every run)."""
+    progress.say(f"  [{elapsed_s:6.1f}s] {key[:66]:<66} "
+                 f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
+                 f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
+                 f"outside {100 * m['outside_load']:3.0f}%" + ("  DISTURBED" if disturbed else ""))
+    progress.advance(note=key[:40])
+
+
+def run(args: argparse.Namespace) -> int:
+    """The benchmark; the runs' lines show on a terminal only (`report_run`)."""
+    from zephon_bench.report import markdown
+
+    from zephon_vl.cli.progress import Progress
 
     if args.render:
         report = render(args.render, Path(args.out or "bench-out"))
         print(markdown(report))
         return 0
+    with Progress("zephon-vl bench", None, "runs") as progress:
+        return _run(args, progress)
+
+
+def _run(args: argparse.Namespace, progress: Any) -> int:
+    from zephon_bench.report import markdown
+    from zephon_bench.workload import WorkSpec
+
+    from zephon_core import qwen_tokenizer_dir
+
     t_begin = time.monotonic()
     quick = args.quick
     samples = args.samples or (400 if quick else 2000)
@@ -712,7 +741,8 @@ def run(args: argparse.Namespace) -> int:
                             draft=args.draft, epochs=epochs, normalize=args.normalize)
             info = {"samples": ds.num_samples, "images": ds.num_images, "data": str(ds.root)}
         else:
-            _say(f"zephon-vl bench: the {base} workload's data (built once, then cached)")
+            progress.say(f"zephon-vl bench: the {base} workload's data (built once, then "
+                         "cached)")
             w = workload_settings(base, quick)
             spec = WorkSpec(tuple(w["shards"]), str(qwen_tokenizer_dir()), draft=args.draft,
                             epochs=epochs, normalize=args.normalize, **w["spec"])
@@ -753,7 +783,8 @@ def run(args: argparse.Namespace) -> int:
             for c in cfgs:
                 if c["family"] == "energon" and c["workload"].removesuffix("+busy") == base:
                     c["params"] = {**c["params"], "data": str(edata)}
-    _say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), workloads "
+    progress.total = len(cfgs)
+    progress.say(f"zephon-vl bench: {len(cfgs)} configurations x {reps} rep(s), workloads "
          + ", ".join(f"{w.name} ({data[w.base]['info']['samples']} samples)" for w in workloads)
          + f", {ncpu} cores, "
          f"PIL {machine['pillow_backend']}; logs in {logdir}")
@@ -763,8 +794,9 @@ def run(args: argparse.Namespace) -> int:
     time.sleep(2.0)
     load_before = (machine_busy_seconds() - b0) / (NCPU * (time.monotonic() - t0))
     if load_before > args.max_outside_load:
-        _say(f"  warning: the machine is {100 * load_before:.0f}% busy before the benchmark "
-             "starts; expect disturbed runs (figures are then noisy, CPU ms/sample less so)")
+        _warn(progress, f"  warning: the machine is {100 * load_before:.0f}% busy before the "
+              "benchmark starts; expect disturbed runs (figures are then noisy, CPU ms/sample "
+              "less so)")
     runs: dict[str, list[dict]] = {_key(c): [] for c in cfgs}
     failures: list[str] = []
     retry_budget = [retries]
@@ -799,21 +831,20 @@ def run(args: argparse.Namespace) -> int:
                 r = run_one(cfg, d["spec_json"], logdir, timeout, tag, warm, busy=busy)
             if not r["ok"]:
                 failures.append(f"{cfg['name']} (rep {rep}): {r['error']}\n{r['log_tail']}")
-                _say(f"  FAILED {cfg['name']}: {r['error']}")
+                _warn(progress, f"  FAILED {cfg['name']}: {r['error']}")
+                progress.advance()
                 return
             m = r["metrics"]
             r["disturbed"] = m["outside_load"] > args.max_outside_load
             r["rep"], r["attempt"] = rep, attempt
             runs[_key(cfg)].append(r)
-            _say(f"  [{time.monotonic() - t_begin:6.1f}s] rep {rep} {_key(cfg)[:60]:<60} "
-                 f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
-                 f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
-                 f"outside {100 * m['outside_load']:3.0f}%"
-                 + ("  DISTURBED" if r["disturbed"] else ""))
+            report_run(progress, f"rep {rep} {_key(cfg)}", m, r["disturbed"],
+                       time.monotonic() - t_begin)
             if not r["disturbed"] or retry_budget[0] <= 0 or attempt >= 1:
                 return
             retry_budget[0] -= 1
             attempt += 1
+            progress.total += 1
 
     # phase 1: every configuration once; phase 2: the default and each loader's best of
     # phase 1 again, `reps - 1` times, interleaved (so a slow spell hits them all alike)
@@ -830,6 +861,7 @@ def run(args: argparse.Namespace) -> int:
                 top = max(cands, key=lambda c: _median(_usable(runs[_key(c)]), "samples_per_s"))
                 if top not in finals:
                     finals.append(top)
+    progress.total = len(cfgs) + (reps - 1) * len(finals)
     for rep in range(1, reps):
         order = finals[rep % len(finals):] + finals[:rep % len(finals)]
         for cfg in order:
@@ -839,7 +871,8 @@ def run(args: argparse.Namespace) -> int:
         from zephon_bench.breakdown import run_breakdown
 
         breakdown = run_breakdown(spec, 60 if quick else 200)
-        _say(f"  breakdown: {breakdown['total_ms_per_sample']:.2f} ms/sample in one process")
+        progress.say(f"  breakdown: {breakdown['total_ms_per_sample']:.2f} ms/sample in one "
+                     "process")
 
     # --- checks: the same samples and tokens for every run -----------------------------
     mismatches = check_tallies(runs)

@@ -117,3 +117,15 @@ def burn_cpu(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+def spin_cpu_10ms(x: int) -> int:
+    """Uses 10 ms of this thread's CPU (not wall time: a busy machine cannot shorten it)."""
+    end = time.thread_time() + 0.01
+    while time.thread_time() < end:
+        pass
+    return x
+
+
+def plus_one(x: int) -> int:
+    return x + 1

@@ -33,7 +33,8 @@ def command(*args: str) -> list[str]:
 
 def env(**extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k != "ZEPHON_PROGRESS"}
-    return {**base, "PYTHONPATH": os.getcwd(), **extra}
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    return {**base, "PYTHONPATH": path, **extra}
 
 
 def run_on_a_terminal(cmd: list[str]) -> tuple[int, str, str]:
@@ -99,3 +100,27 @@ def test_shards_and_index_show_progress_on_a_terminal_only(tmp_path):
     assert "zephon-vl index: 3/3 shards (100%)" in err and "3 shards, 6 samples" in out
     piped = subprocess.run(index, capture_output=True, text=True, env=env(), check=True)
     assert piped.stderr == ""
+
+
+BENCH_RUN = ("from zephon_bench.vlm_bench import report_run\n"
+             "from zephon_vl.cli.progress import Progress\n"
+             "m = {'samples_per_s': 123.4, 'ttfb_s': 0.5, 'cpu_s_per_sample': 0.004, "
+             "'outside_load': 0.1}\n"
+             "with Progress('zephon-vl bench', 2, 'runs') as p:\n"
+             "    report_run(p, 'rep 0 zephon default', m, False, 3.0)\n"
+             "    report_run(p, 'rep 0 grain', m, True, 5.0)\n"
+             "print('results')\n")
+
+
+def test_bench_run_lines_show_on_a_terminal_and_a_pipe_gets_only_the_results():
+    code, out, err = run_on_a_terminal([sys.executable, "-c", BENCH_RUN])
+    assert code == 0, err
+    assert out == "results\n"
+    lines = [ln.strip() for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
+    run_lines = [ln for ln in lines if "samples/s" in ln]
+    assert len(run_lines) == 2 and "rep 0 zephon default" in run_lines[0]
+    assert "123.4 samples/s" in run_lines[0] and "DISTURBED" in run_lines[1]
+    assert "zephon-vl bench: 2/2 runs (100%)" in err
+    piped = subprocess.run([sys.executable, "-c", BENCH_RUN], capture_output=True, text=True,
+                           env=env(), check=True)
+    assert piped.stderr == "" and piped.stdout == "results\n"

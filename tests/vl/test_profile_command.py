@@ -6,7 +6,7 @@ import json
 
 from zephon_core.engine.metrics import StageMetrics
 from zephon_vl.cli.main import main
-from zephon_vl.cli.profile import recommend_split, workers_flags
+from zephon_vl.cli.profile import profile_figure, recommend_split, workers_flags
 
 
 def stage(name: str, runner: str, busy: float, workers: int = 1) -> StageMetrics:
@@ -47,3 +47,56 @@ def test_profile_with_workers_auto_stays_within_the_budget(tmp_path):
     stages = json.loads(out.read_text())["metrics"]["stages"]
     pooled = [s["workers"] for s in stages if s["runner"] == "processes"]
     assert pooled and sum(pooled) <= max(2, len(pooled)) and min(pooled) >= 1
+
+
+def check_report(got: dict, printed: str, cores: int) -> None:
+    """The bottleneck is a stage of the recipe, the split spends the core budget, every
+    stage has CPU per sample (per operator too), the driver its share, the slowest step
+    its groups."""
+    names = [s["name"] for s in got["stages"]]
+    assert got["bottleneck"] in names
+    assert f"bottleneck: {got['bottleneck']!r}" in printed
+    assert sum(got["recommended_workers"].values()) == cores
+    for s in got["stages"]:
+        assert s["cpu_ms_per_sample"] >= 0 and s["cpu_clock"]
+        assert abs(sum(s["operators"].values()) - s["cpu_ms_per_sample"]) < 1e-6
+    work = [s for s in got["stages"] if s["runner"] in ("threads", "processes")]
+    assert work and all(s["cpu_s"] > 0 for s in work)  # the workers measured themselves
+    assert all(set(s["operators"]) == set(s["name"].split("+")) for s in work)
+    d = got["driver"]
+    assert d["samples"] == got["metrics"]["samples"] > 0
+    assert d["cpu_s"] > 0 and 0 < d["share"] < 1
+    assert d["cpu_ms_per_sample"] == 1000 * d["cpu_s"] / d["samples"]
+    assert "driver: " in printed and "ms CPU per delivered sample" in printed
+    step = got["slowest_step"]
+    assert step["spans"] and step["seconds"] > 0
+    assert all(0 <= sp["start"] <= sp["end"] <= step["seconds"] for sp in step["spans"])
+    assert {sp["name"] for sp in step["spans"]} <= set(names)
+
+
+def test_profile_vlm_demo_reports_cpu_per_sample_the_driver_and_the_slowest_step(
+        tmp_path, capsys):
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert main(["profile", "--recipe", "vlm-demo", "--steps", "2", "--warmup", "1",
+                 "--default-workers", "2", "--cores", "3", "--json", str(out),
+                 "--png", str(png)]) == 0
+    got = json.loads(out.read_text())
+    check_report(got, capsys.readouterr().out, 3)
+    decode = next(s for s in got["stages"] if "decode" in s["operators"])
+    assert decode["runner"] == "processes" and decode["cpu_clock"] == "process"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = profile_figure(got)
+    assert len(fig.axes) == 2  # the stage bars and the slowest step's timeline
+    bars, timeline = fig.axes
+    assert len(bars.patches) == len(got["stages"])
+    assert len(timeline.collections) == len(got["slowest_step"]["spans"])
+
+
+def test_profile_text_demo_on_threads_measures_thread_cpu(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["profile", "--recipe", "text-demo", "--steps", "2", "--warmup", "1",
+                 "--runner", "threads", "--default-workers", "2", "--cores", "5",
+                 "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    check_report(got, capsys.readouterr().out, 5)
+    assert {s["cpu_clock"] for s in got["stages"] if s["runner"] == "threads"} == {"thread"}

@@ -28,7 +28,7 @@ import traceback
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -49,9 +49,53 @@ START_PATIENCE_MIN_S = 60.0
 START_PATIENCE = 20.0
 
 
+def timed_call(fn: Any, elements: list[Element],
+               clock: Callable[[], float]) -> tuple[list[Any], tuple[float, ...]]:
+    """`fn(elements)` and the `clock` seconds it took, per transform when `fn` is a
+    `StageFn` (its `timed`), else one figure for the whole call."""
+    timed = getattr(fn, "timed", None)
+    if callable(timed):
+        return timed(elements, clock)
+    start = clock()
+    out = fn(elements)
+    return out, (clock() - start,)
+
+
+class CpuMeter:
+    """CPU seconds a runner's workers spent in its stage, per transform, since it started.
+
+    Measured where the work runs: the worker thread's CPU clock
+    (`time.thread_time`) for inline and thread runners, the worker process's
+    (`time.process_time`, all its threads) for process runners. Only the stage
+    function's own calls count (not queueing, not moving data between processes).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: list[float] = []
+
+    def add(self, seconds: tuple[float, ...]) -> None:
+        with self._lock:
+            if len(self._seconds) < len(seconds):
+                self._seconds += [0.0] * (len(seconds) - len(self._seconds))
+            for k, v in enumerate(seconds):
+                self._seconds[k] += v
+
+    def read(self) -> tuple[float, ...]:
+        with self._lock:
+            return tuple(self._seconds)
+
+
 class Runner:
     kind = "inline"
     workers = 1
+    #: CPU its workers spent in the stage (None: not measured, e.g. Ray tasks)
+    cpu: CpuMeter | None = None
+
+    def cpu_seconds(self) -> tuple[float, ...]:
+        """CPU seconds per transform of the stage since the runner started; () when the
+        runner does not measure them."""
+        return self.cpu.read() if self.cpu is not None else ()
 
     def submit(self, elements: list[Element]) -> Future:
         raise NotImplementedError
@@ -65,12 +109,15 @@ class InlineRunner(Runner):
 
     def __init__(self, fn: StageFn) -> None:
         self.fn = fn
+        self.cpu = CpuMeter()
         fn.setup()
 
     def submit(self, elements: list[Element]) -> Future:
         fut: Future = Future()
         try:
-            fut.set_result(self.fn(elements))
+            out, cpu = timed_call(self.fn, elements, time.thread_time)
+            self.cpu.add(cpu)
+            fut.set_result(out)
         except BaseException as exc:  # noqa: BLE001 - delivered to the consumer
             fut.set_exception(exc)
         return fut
@@ -85,6 +132,7 @@ class ThreadRunner(Runner):
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="zephon")
         self._setup_lock = threading.Lock()
         self._ready = False
+        self.cpu = CpuMeter()
 
     def _call(self, elements: list[Element]) -> list[Any]:
         if not self._ready:
@@ -92,7 +140,9 @@ class ThreadRunner(Runner):
                 if not self._ready:
                     self.fn.setup()
                     self._ready = True
-        return self.fn(elements)
+        out, cpu = timed_call(self.fn, elements, time.thread_time)
+        self.cpu.add(cpu)
+        return out
 
     def submit(self, elements: list[Element]) -> Future:
         return self._pool.submit(self._call, elements)
@@ -164,7 +214,7 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
     pool = shm.SegmentPool(prefix, pool_bytes)
-    conn.send(("ready", -1, None))
+    conn.send(("ready", -1, None, ()))
     while _driver_alive(conn, parent):
         try:
             msg = conn.recv()
@@ -176,10 +226,10 @@ def _worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int
         task_id, packed, released = msg
         pool.release(released)
         try:
-            out = fn(shm.unpack(packed))
-            reply = ("ok", task_id, pool.pack(out))
+            out, cpu = timed_call(fn, shm.unpack(packed), time.process_time)
+            reply = ("ok", task_id, pool.pack(out), cpu)
         except BaseException as exc:  # noqa: BLE001 - sent back to the parent
-            reply = ("err", task_id, sendable_error(exc))
+            reply = ("err", task_id, sendable_error(exc), ())
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
@@ -271,6 +321,7 @@ class ProcessRunner(Runner):
         # when each worker began its current group (None: idle or still starting)
         self._busy_since: list[float | None] = [None] * workers
         self.restarts = 0
+        self.cpu = CpuMeter()
         #: messages sent pickled through the pipe because /dev/shm had no room
         self.pickled = 0
         self._early_deaths = 0
@@ -521,7 +572,7 @@ class ProcessRunner(Runner):
         """Take one answer from a worker; False when its pipe is closed (the worker died)."""
         i = self._conns.index(conn)
         try:
-            status, task_id, payload = conn.recv()
+            status, task_id, payload, cpu = conn.recv()
         except (EOFError, OSError):
             return False
         if status == "ready":
@@ -538,6 +589,8 @@ class ProcessRunner(Runner):
         assert task.id == task_id, "worker answered out of order"
         self._made_progress()
         shm.discard(task.packed)
+        if cpu:
+            self.cpu.add(cpu)
         if status == "ok":
             self._count_pickled(getattr(payload, "items", [payload]))
             try:

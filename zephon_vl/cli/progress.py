@@ -77,6 +77,18 @@ class Progress:
         self.stream.write("\r" + text + " " * pad)
         self.stream.flush()
 
+    def say(self, message: str) -> None:
+        """`message` as a line of its own above the progress line, shown only where the line
+        is: a log a person at a terminal wants (``bench``'s runs) and a pipe does not."""
+        if not self.enabled:
+            return
+        pad = " " * max(0, self._width - len(message))
+        self.stream.write("\r" + message + pad + "\n")
+        self._width = 0
+        now = time.monotonic()
+        self._shown_at = now
+        self._show(now)
+
     def close(self) -> None:
         """The last state, then a newline (the terminal's next output starts clean)."""
         if self.enabled and self._width:
