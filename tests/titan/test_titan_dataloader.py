@@ -174,3 +174,32 @@ def test_state_round_trip_in_process():
         other.load_state_dict(state)
     for dl in (a, b, other):
         dl.close()
+
+
+def test_vision_patches_reach_the_metrics():
+    """``zephon/vision_patches_per_s``: the encoder's input rows the trainer received, the
+    patch rows of the converted micro-batches (counted again here from their grids)."""
+    from zephon_vl.titan.metrics import titan_scalars
+
+    cfg = ZephonDataLoader.Config(runner="inline", recipe="vlm-demo", num_lanes=2,
+                                  global_batch_size=2, model_format="qwen3_5",
+                                  image_preset="qwen3_5", max_pixels=200_000)
+    dl = build(cfg, seq_len=1024, local_batch_size=1)
+
+    def patches_of(micro: int) -> int:
+        seen = 0
+        for _ in range(micro):
+            x, _ = next(it)
+            for grid in ("grid_thw", "grid_thw_videos"):
+                if x.get(grid) is not None:
+                    seen += int(x[grid].prod(-1).sum())
+        return seen
+
+    try:
+        it = iter(dl)
+        seen = patches_of(4)
+        assert seen > 0 and dl.take_vision_patches() == seen
+        assert patches_of(2) > 0 and titan_scalars(dl)["zephon/vision_patches_per_s"] > 0
+        assert dl.take_vision_patches() == 0
+    finally:
+        dl.close()

@@ -160,6 +160,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._pending: list[dict[str, Any]] = []
         self._warned_no_vision = False
         self._waited_s = 0.0  # the trainer's time blocked in __iter__ (zephon_vl.titan.metrics)
+        self._patches = 0  # vision patches handed to the trainer (zephon_vl.titan.metrics)
         log.info("zephon dataloader: %s", self.loader.explain().splitlines()[0])
 
     # --- iteration -----------------------------------------------------------
@@ -181,12 +182,21 @@ class ZephonDataLoader(BaseDataLoader):
         waited, self._waited_s = self._waited_s, 0.0
         return waited
 
+    def take_vision_patches(self) -> int:
+        """Vision patches (before the merge: the encoder's input rows) of the micro-batches
+        converted since the previous call."""
+        patches, self._patches = self._patches, 0
+        return patches
+
     def convert(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
         """One collated zephon micro-batch -> TorchTitan's ``(input_dict, labels)``.
 
         A batch with uint8 pixels (``ImageSettings(normalize="device")``) is
         moved to the trainer's device here and normalized there (`to_device`).
         """
+        grid = batch.get("grid_thw")
+        if grid is not None and len(grid):
+            self._patches += int(torch.as_tensor(grid).prod(-1).sum())
         if "pixel_lut" in batch:
             batch = to_device(batch, self.device)
         out = self.family.titan_inputs(batch, self.recipe.collate, self.titan_options)

@@ -57,6 +57,8 @@ def titan_scalars(dataloader: Any) -> dict[str, float]:
     out["zephon/wait_per_step_s"] = per_step
     out["zephon/wait_share"] = share
     out["zephon/step"] = float(m.step)
+    patches = dataloader.take_vision_patches()
+    out["zephon/vision_patches_per_s"] = patches / m.window_s if m.window_s > 0 else 0.0
     out.update(rank_wait_metrics(per_step, share))
     return out
 
