@@ -167,3 +167,28 @@ def test_record_fields_are_checked_against_the_manifest_keys(data, tmp_path, cap
     index(data["llava"]["files"], "llava", out, capsys)
     with pytest.raises(ConfigError, match=r"do not fit format 'llava'.*needs 'dialog'"):
         dataset_reader(DatasetSpec(str(out), "llava", {"conversations": "dialog"}))
+
+
+def test_refresh_reindexes_only_the_changed_record_files(data, tmp_path, capsys) -> None:
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p in paths:
+        shutil.copy(data["llava"]["files"][0], p)
+    out = tmp_path / "m.json"
+    index([str(p) for p in paths], "llava", out, capsys)
+    records = json.loads(paths[0].read_text())
+    paths[0].write_text(json.dumps(records[:7]))
+    before = json.loads(out.read_text())["files"][1]
+    capsys.readouterr()
+    assert main(["index", "--refresh", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"re-indexed {paths[0].name}: size" in said
+    assert f"num_records {len(records)} -> 7" in said
+    assert "1 changed file(s) re-indexed" in said
+    assert json.loads(out.read_text())["files"][1] == before
+    spec = DatasetSpec(str(out), "llava", {}, {"image_folder": data["llava"]["image_folder"]})
+    reader = dataset_reader(spec)
+    assert reader.shard_len(0) == 7
+    assert reader.read(0, 6)["__key__"] == str(records[6]["id"])
+    capsys.readouterr()
+    assert main(["index", "--refresh", str(out)]) == 0
+    assert "0 changed file(s) re-indexed, nothing rewritten" in capsys.readouterr().out

@@ -18,7 +18,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="the manifest to write (a local .json path); "
                    "sidecar indexes go to the folder beside it named <manifest>.indexes")
     p.add_argument("--refresh", metavar="MANIFEST",
-                   help="instead: re-index the shards of this manifest whose size or "
+                   help="instead: re-index the shards (or record files) of this manifest "
+                   "whose size or "
                    "ETag/mtime changed, rewrite their entries and name them")
     p.add_argument("--no-content-hash", action="store_true",
                    help="skip the SHA-256 of each shard's bytes (faster over slow storage; the "
@@ -70,12 +71,14 @@ def _records(args: argparse.Namespace) -> int:
 
 
 def _refresh(manifest: str) -> int:
+    from zephon_vl.formats.manifest import is_record_manifest, refresh_record_manifest
     from zephon_vl.wds.manifest import refresh_manifest
 
-    changes = refresh_manifest(manifest)
+    records = is_record_manifest(manifest)
+    changes = refresh_record_manifest(manifest) if records else refresh_manifest(manifest)
     for change in changes:
         print(f"re-indexed {change.describe()}")
-    print(f"{manifest}: {len(changes)} changed shard(s) re-indexed"
+    print(f"{manifest}: {len(changes)} changed {'file' if records else 'shard'}(s) re-indexed"
           + ("; checkpoints of the old bytes will be refused by their fingerprint"
              if changes else ", nothing rewritten"))
     return 0

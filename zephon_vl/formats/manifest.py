@@ -16,7 +16,8 @@ its offset index written to ``<manifest>.indexes/`` (relative to the
 manifest, like the tar sidecars). A dataset then names the manifest with its
 format (TOML ``manifest = "train.json"`` and ``format = "parquet"``); a file
 whose size or identity changed is refused, naming it and the field, when it is
-first opened.
+first opened; ``zephon-vl index --refresh MANIFEST`` re-indexes the changed
+files (`refresh_record_manifest`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,12 @@ import numpy as np
 from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
 from zephon_core.extend import base_name, is_remote, local_path, read_whole
 from zephon_vl.formats.records import RecordEntry, RecordFiles, offsets_blob
-from zephon_vl.wds.manifest import checked_location, index_folder, resolve_beside
+from zephon_vl.wds.manifest import (
+    ShardChange,
+    checked_location,
+    index_folder,
+    resolve_beside,
+)
 
 RECORDS_MANIFEST_FORMAT = "zephon-records-manifest"
 RECORDS_MANIFEST_VERSION = 1
@@ -94,6 +101,12 @@ def build_record_manifest(files: Sequence[str | os.PathLike], out: str | os.Path
         entries.append(_entry(i, checked_location(f), out, index_cache))
         if progress is not None:
             progress(i + 1)
+    _write(out, format_name, entries)
+    return entries
+
+
+def _write(out: Path, format_name: str, entries: Sequence[RecordEntry]) -> None:
+    """The manifest document; sidecar locations as `_entry` wrote them (relative)."""
     doc = {"format": RECORDS_MANIFEST_FORMAT, "version": RECORDS_MANIFEST_VERSION,
            "records_format": format_name,
            "files": [{k: v for k, v in (("url", e.url), ("size", e.size),
@@ -103,7 +116,35 @@ def build_record_manifest(files: Sequence[str | os.PathLike], out: str | os.Path
                                         ("offsets", e.offsets)) if v is not None}
                      for e in entries]}
     atomic_write(out, json.dumps(doc, indent=1))
-    return entries
+
+
+def refresh_record_manifest(manifest: str | os.PathLike,
+                            index_cache: str | None = None) -> list[ShardChange]:
+    """Re-index the files of a local record `manifest` whose size or identity changed and
+    rewrite their entries; unchanged files are only stat'ed. Returns the changes (none:
+    the manifest is left as it was)."""
+    if is_remote(os.fspath(manifest)):
+        raise ConfigError(f"{os.fspath(manifest)}: refresh a local copy of the manifest "
+                          "(offset paths are relative to it), then upload it")
+    path = Path(manifest)
+    doc = _document(str(path))
+    entries = load_record_manifest(path)
+    written = [f.get("offsets") for f in doc["files"]]
+    changes = []
+    for i, entry in enumerate(entries):
+        st = stat_shard(entry.url)
+        if (st.size, st.identity) == (entry.size, entry.identity):
+            entries[i] = replace(entry, offsets=written[i])
+            continue
+        new = entries[i] = _entry(i, entry.url, path, index_cache)
+        changes.append(ShardChange(entry.url, {
+            f: (was, now) for f, was, now in (
+                ("size", entry.size, new.size), ("identity", entry.identity, new.identity),
+                ("num_records", entry.num_records, new.num_records),
+                ("row_groups", entry.row_groups, new.row_groups)) if was != now}))
+    if changes:
+        _write(path, str(doc["records_format"]), entries)
+    return changes
 
 
 def _document(text: str) -> dict[str, Any]:

@@ -179,9 +179,9 @@ def file_changed_error(name: str, field: str, indexed: Any, now: Any) -> ZephonE
     """The refusal for a record file whose bytes are not those its manifest entry says."""
     return ZephonError(
         f"{name} changed since it was indexed into its manifest: {field} was {indexed}, is "
-        f"now {now}. Its record offsets and row groups no longer apply. Index it again "
-        "(zephon-vl index --format FORMAT FILE... --out MANIFEST) and start the run again; a "
-        "checkpoint of the old data will be refused.")
+        f"now {now}. Its record offsets and row groups no longer apply. Re-index it "
+        "(zephon-vl index --refresh MANIFEST) and start the run again; a checkpoint of the "
+        "old data will be refused.")
 
 
 class _ArrowSource(StoredFileIO):
