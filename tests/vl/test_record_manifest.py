@@ -192,3 +192,24 @@ def test_refresh_reindexes_only_the_changed_record_files(data, tmp_path, capsys)
     capsys.readouterr()
     assert main(["index", "--refresh", str(out)]) == 0
     assert "0 changed file(s) re-indexed, nothing rewritten" in capsys.readouterr().out
+
+
+def test_a_manifest_of_s3_files_gives_the_local_digests(data, tmp_path, capsys) -> None:
+    """Parquet and a LLaVA JSON on S3 (moto on 127.0.0.1), indexed by URL: the manifest
+    (its offsets sidecar local beside it) gives the digests of the local files."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from zephon_vl.testing.storage_servers import s3_server
+
+    tables = [data["parquet"], data["llava"]]
+    want = digests(capsys, recipe_toml(tmp_path / "local.toml", tables), "--dp", "2")
+    with s3_server() as server:
+        moved = []
+        for k, table in enumerate(tables):
+            urls = server.upload(f"zephon-records-{k}", table["files"])
+            out = tmp_path / f"m{k}.json"
+            index(urls, table["format"], out, capsys)
+            assert json.loads(out.read_text())["files"][0]["identity"].startswith("etag:")
+            moved.append(as_manifest(table, out))
+        got = digests(capsys, recipe_toml(tmp_path / "remote.toml", moved), "--dp", "2")
+    assert got == want and len(want) == 3
