@@ -1,4 +1,5 @@
-"""`zephon-vl index`: sidecar indexes and a manifest for shards on disk or object storage."""
+"""`zephon-vl index`: sidecar indexes and a manifest for shards or record files (Parquet,
+LLaVA JSON...) on disk or object storage, so that building a reader reads one file."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ from zephon_vl.cli.main import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shards", nargs="*", help="shard paths or URLs (s3://, gs://, https://...)")
+    p.add_argument("shards", nargs="*", help="shard (or, with --format, record file) paths "
+                   "or URLs (s3://, gs://, https://...)")
+    p.add_argument("--format", default="webdataset",
+                   help="the files' dataset format: webdataset (tar shards, the default) or "
+                   "a record format (parquet, llava, messages, obelics)")
     p.add_argument("--out", help="the manifest to write (a local .json path); "
                    "sidecar indexes go to the folder beside it named <manifest>.indexes")
     p.add_argument("--refresh", metavar="MANIFEST",
-                   help="instead: re-index the shards of this manifest whose size or "
+                   help="instead: re-index the shards (or record files) of this manifest "
+                   "whose size or "
                    "ETag/mtime changed, rewrite their entries and name them")
     p.add_argument("--no-content-hash", action="store_true",
                    help="skip the SHA-256 of each shard's bytes (faster over slow storage; the "
@@ -33,6 +39,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not args.shards or not args.out:
         raise ConfigError("zephon-vl index: give SHARD... --out MANIFEST (or --refresh "
                           "MANIFEST)")
+    if args.format != "webdataset":
+        return _records(args)
     from zephon_vl.cli.progress import Progress
 
     t0 = time.perf_counter()
@@ -46,13 +54,31 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _records(args: argparse.Namespace) -> int:
+    """A record manifest: each file's count, identity, row groups or offset index."""
+    from zephon_vl.cli.progress import Progress
+    from zephon_vl.formats.manifest import build_record_manifest
+
+    t0 = time.perf_counter()
+    with Progress("zephon-vl index", len(args.shards), "files") as progress:
+        entries = build_record_manifest(args.shards, args.out, args.format,
+                                        progress=progress.update)
+    records = sum(e.num_records for e in entries)
+    size = sum(e.size for e in entries)
+    print(f"{args.out}: {len(entries)} {args.format} files, {records} records, "
+          f"{size / 1e6:.1f} MB, indexed in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def _refresh(manifest: str) -> int:
+    from zephon_vl.formats.manifest import is_record_manifest, refresh_record_manifest
     from zephon_vl.wds.manifest import refresh_manifest
 
-    changes = refresh_manifest(manifest)
+    records = is_record_manifest(manifest)
+    changes = refresh_record_manifest(manifest) if records else refresh_manifest(manifest)
     for change in changes:
         print(f"re-indexed {change.describe()}")
-    print(f"{manifest}: {len(changes)} changed shard(s) re-indexed"
+    print(f"{manifest}: {len(changes)} changed {'file' if records else 'shard'}(s) re-indexed"
           + ("; checkpoints of the old bytes will be refused by their fingerprint"
              if changes else ", nothing rewritten"))
     return 0

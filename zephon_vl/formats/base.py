@@ -30,7 +30,7 @@ from typing import Any
 
 from zephon_core import BadSampleError, ConfigError, DatasetSpec, known_formats
 from zephon_core.extend import ROLES, base_name, is_remote, option_path, read_whole
-from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordFiles
+from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
 
 #: placeholders a text may carry for the next image or video of its record
 PLACEHOLDER = re.compile(r"<image>|<video>")
@@ -106,10 +106,22 @@ class RecordFormat:
         cache = spec.options.get("row_group_cache", ROW_GROUP_CACHE)
         if not isinstance(cache, int) or cache < 1:
             raise ConfigError(f"row_group_cache must be a positive integer, got {cache!r}")
-        records = RecordFiles(spec.file_list, index_cache, cache)
+        records = RecordFiles(spec.file_list, index_cache, cache,
+                              entries=self.manifest_entries(spec))
         self.check_files(records, fields)
         folders = {k: option_path(spec, k) for k in ("image_folder", "video_folder")}
         return FormatReader(self, dict(fields), records, folders)
+
+    def manifest_entries(self, spec: DatasetSpec) -> list[RecordEntry] | None:
+        """The entries of the record manifest a dataset names as its one file (None: its
+        files are the data, e.g. one LLaVA ``.json``)."""
+        if not isinstance(spec.files, (str, os.PathLike)):
+            return None
+        from zephon_vl.formats.manifest import is_record_manifest, load_record_manifest
+
+        if not is_record_manifest(spec.files):
+            return None
+        return load_record_manifest(spec.files, self.name)
 
     def missing(self, keys: set[str], fields: Mapping[str, str]) -> tuple[str, str] | None:
         """Why records with `keys` do not fit, and the field to map (None when they fit)."""

@@ -7,6 +7,11 @@ is, and cached beside the file or in ``index_cache`` keyed by size and
 identity) and row groups for Parquet (a bounded cache of decoded row groups
 per process). All bytes come through `zephon_core.data.storage`, so a URL
 (``s3://``...) works where a path does.
+
+Given the `RecordEntry` list of a record manifest (`zephon_vl.formats.manifest`),
+counts, row groups and columns come from it and no file is stat'ed or opened
+until one of its records is read; then its size and identity are checked
+against the entry, and a JSON file's offsets come from the manifest's sidecar.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
+from zephon_core import ConfigError, ZephonError, atomic_write, open_shard, stat_shard
 from zephon_core import cache_dir as default_cache_dir
 from zephon_core.extend import (
     StoredFileIO,
@@ -117,30 +123,65 @@ def _offsets_cache(location: str, cache_dir: Path | None) -> list[Path]:
                                                beside]
 
 
+def offsets_blob(location: str, size: int, identity: str, offsets: np.ndarray) -> str:
+    """The JSON text of an offset index: the cache beside a file, or a manifest's sidecar."""
+    return json.dumps({"version": OFFSETS_VERSION, "file": base_name(location), "size": size,
+                       "identity": identity, "starts": offsets[0].tolist(),
+                       "lengths": offsets[1].tolist()}, separators=(",", ":"))
+
+
+def offsets_from_blob(text: str | bytes, size: int, identity: str) -> np.ndarray | None:
+    """The offsets of an offset-index text when it describes `size` and `identity` (None:
+    it describes other bytes). Raises ValueError/KeyError/TypeError on a malformed one."""
+    obj = json.loads(text)
+    if (obj["version"], obj["size"], obj["identity"]) != (OFFSETS_VERSION, size, identity):
+        return None
+    return np.array([obj["starts"], obj["lengths"]], dtype=np.int64).reshape(2, -1)
+
+
 def load_json_offsets(location: str, cache_dir: str | Path | None = None) -> np.ndarray:
     """The offsets of a JSON/JSONL file, from its cache when size and identity match."""
     st = stat_shard(location)
     paths = _offsets_cache(location, Path(cache_dir) if cache_dir is not None else None)
     for p in paths:
         try:
-            obj = json.loads(p.read_text())
-            if (obj["version"], obj["size"], obj["identity"]) == (OFFSETS_VERSION, st.size,
-                                                                  st.identity):
-                return np.array([obj["starts"], obj["lengths"]], dtype=np.int64).reshape(2, -1)
+            found = offsets_from_blob(p.read_text(), st.size, st.identity)
+            if found is not None:
+                return found
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.info("ignoring unusable offset index %s (%s); rebuilding", p, e)
     offsets = json_offsets(read_whole(location), location)
-    blob = {"version": OFFSETS_VERSION, "file": base_name(location), "size": st.size,
-            "identity": st.identity, "starts": offsets[0].tolist(),
-            "lengths": offsets[1].tolist()}
     try:
-        atomic_write(paths[0], json.dumps(blob, separators=(",", ":")))
+        atomic_write(paths[0], offsets_blob(location, st.size, st.identity, offsets))
     except OSError as e:
         log.warning("cannot write offset index %s (%s); it lives in memory only. Give the "
                     "recipe an index_cache folder for read-only data folders.", paths[0], e)
     return offsets
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """One record file as a record manifest lists it: enough to plan, fingerprint and
+    check its fields without its bytes."""
+
+    url: str
+    size: int
+    identity: str
+    num_records: int
+    keys: list[str]  # Parquet columns, or the first record's keys
+    row_groups: list[int] | None = None  # Parquet: rows of each row group
+    offsets: str | None = None  # JSON/JSONL: where its offset index lies (path or URL)
+
+
+def file_changed_error(name: str, field: str, indexed: Any, now: Any) -> ZephonError:
+    """The refusal for a record file whose bytes are not those its manifest entry says."""
+    return ZephonError(
+        f"{name} changed since it was indexed into its manifest: {field} was {indexed}, is "
+        f"now {now}. Its record offsets and row groups no longer apply. Re-index it "
+        "(zephon-vl index --refresh MANIFEST) and start the run again; a checkpoint of the "
+        "old data will be refused.")
 
 
 class _ArrowSource(StoredFileIO):
@@ -169,29 +210,88 @@ class RecordFiles:
     """
 
     def __init__(self, files: list[str], index_cache: str | None = None,
-                 row_group_cache: int = ROW_GROUP_CACHE) -> None:
+                 row_group_cache: int = ROW_GROUP_CACHE,
+                 entries: list[RecordEntry] | None = None) -> None:
+        if entries is not None:
+            files = [e.url for e in entries]
         self.files = [os.fspath(f) for f in files]
         self.kinds = [container_of(f) for f in self.files]
         self.row_group_cache = max(1, int(row_group_cache))
+        self.entries = entries
         self.sizes: list[int] = []
         self.bytes: list[int] = []
         self.offsets: dict[int, np.ndarray] = {}
         self.group_starts: dict[int, np.ndarray] = {}
         self.columns: dict[int, list[str]] = {}
         self._init_runtime()
-        for s, (f, kind) in enumerate(zip(self.files, self.kinds, strict=True)):
-            if not is_remote(f) and not local_path(f).is_file():
-                raise ConfigError(f"{f} does not exist; check the dataset's files")
-            self.bytes.append(stat_shard(f).size)
-            if kind == "parquet":
-                meta = self._parquet(s).metadata
-                rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-                self.group_starts[s] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-                self.columns[s] = list(self._parquet(s).schema_arrow.names)
-                self.sizes.append(int(self.group_starts[s][-1]))
+        for s in range(len(self.files)):
+            if entries is not None:
+                self._learn_entry(s, entries[s])
             else:
-                self.offsets[s] = load_json_offsets(f, index_cache)
-                self.sizes.append(int(self.offsets[s].shape[1]))
+                self._learn_file(s, index_cache)
+
+    def _learn_file(self, s: int, index_cache: str | None) -> None:
+        """Count file `s`' records from its bytes: a stat, a Parquet footer or offsets."""
+        f = self.files[s]
+        if not is_remote(f) and not local_path(f).is_file():
+            raise ConfigError(f"{f} does not exist; check the dataset's files")
+        self.bytes.append(stat_shard(f).size)
+        if self.kinds[s] == "parquet":
+            meta = self._parquet(s).metadata
+            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            self.group_starts[s] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            self.columns[s] = list(self._parquet(s).schema_arrow.names)
+            self.sizes.append(int(self.group_starts[s][-1]))
+        else:
+            self.offsets[s] = load_json_offsets(f, index_cache)
+            self.sizes.append(int(self.offsets[s].shape[1]))
+
+    def _learn_entry(self, s: int, entry: RecordEntry) -> None:
+        """Count file `s`' records from its manifest entry, touching no storage."""
+        self.bytes.append(entry.size)
+        self.sizes.append(entry.num_records)
+        if self.kinds[s] == "parquet":
+            rows = entry.row_groups or []
+            if sum(rows) != entry.num_records:
+                raise ConfigError(f"manifest entry of {entry.url}: row groups of {sum(rows)} "
+                                  f"rows for {entry.num_records} records; index it again")
+            self.group_starts[s] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            self.columns[s] = list(entry.keys)
+        elif entry.offsets is None:
+            raise ConfigError(f"manifest entry of {entry.url} names no offset index; index "
+                              "it again")
+
+    def _check_entry(self, s: int, size: int, identity: str) -> None:
+        """Refuse file `s` when its bytes are not those its manifest entry describes."""
+        if self.entries is None:
+            return
+        entry = self.entries[s]
+        for field, indexed, now in (("size", entry.size, size),
+                                    ("identity", entry.identity, identity)):
+            if indexed != now:
+                raise file_changed_error(base_name(entry.url), field, indexed, now)
+
+    def _offsets_of(self, s: int) -> np.ndarray:
+        """JSON offsets of file `s`; from a manifest, its sidecar is read on first use."""
+        found = self.offsets.get(s)
+        if found is not None:
+            return found
+        assert self.entries is not None  # without a manifest they are learnt at build
+        entry = self.entries[s]
+        try:
+            found = offsets_from_blob(read_whole(str(entry.offsets)), entry.size,
+                                      entry.identity)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ZephonError(f"cannot read the offset index {entry.offsets} of "
+                              f"{base_name(entry.url)} named by its manifest ({e}); index "
+                              "the files again with zephon-vl index") from None
+        if found is None or found.shape[1] != entry.num_records:
+            raise ZephonError(f"the offset index {entry.offsets} does not match the manifest "
+                              f"entry of {base_name(entry.url)}; index the files again with "
+                              "zephon-vl index")
+        with self._lock:
+            self.offsets[s] = found
+        return found
 
     def _init_runtime(self) -> None:
         self._handles: dict[int, Any] = {}
@@ -226,6 +326,8 @@ class RecordFiles:
         first record's keys (for errors that say what a file holds)."""
         if self.kinds[s] == "parquet":
             return self.columns[s]
+        if self.entries is not None:
+            return list(self.entries[s].keys)
         if not self.sizes[s]:
             return []
         rec = self.read(s, 0)
@@ -236,7 +338,13 @@ class RecordFiles:
         with self._lock:
             h = self._handles.get(s)
             if h is None:
-                h = self._handles[s] = open_shard(self.files[s])
+                h = open_shard(self.files[s])
+                try:
+                    self._check_entry(s, h.size, h.identity)
+                except ZephonError:
+                    h.close()
+                    raise
+                self._handles[s] = h
         return h
 
     def _parquet(self, s: int) -> Any:
@@ -251,15 +359,22 @@ class RecordFiles:
             found = self._pq.get(s)
             if found is None:
                 f = self.files[s]
-                source = (str(local_path(f)) if not is_remote(f)
-                          else pa.PythonFile(_ArrowSource(open_shard(f)), mode="r"))
+                if is_remote(f):
+                    stored = open_shard(f)
+                    self._check_entry(s, stored.size, stored.identity)
+                    source = pa.PythonFile(_ArrowSource(stored), mode="r")
+                else:
+                    if self.entries is not None:
+                        st = stat_shard(f)
+                        self._check_entry(s, st.size, st.identity)
+                    source = str(local_path(f))
                 found = self._pq[s] = pq.ParquetFile(source)
         return found
 
     def read(self, s: int, i: int) -> Any:
         if self.kinds[s] == "parquet":
             return self._row(s, i)
-        start, length = (int(v) for v in self.offsets[s][:, i])
+        start, length = (int(v) for v in self._offsets_of(s)[:, i])
         data = self._handle(s).read_at(start, length)
         return loads_sample(data, f"{base_name(self.files[s])} record {i}")
 

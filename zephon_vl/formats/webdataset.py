@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_core import DatasetSpec
+from zephon_core import ConfigError, DatasetSpec
 
 
 class WebDatasetFormat:
@@ -29,5 +29,12 @@ class WebDatasetFormat:
         from zephon_vl.wds.manifest import reader_from_manifest
 
         if isinstance(spec.files, str):
+            from zephon_vl.formats.manifest import manifest_records_format
+
+            indexed = manifest_records_format(spec.files)
+            if indexed is not None:
+                raise ConfigError(f"{spec.files} is a manifest of {indexed} record files, "
+                                  f"not of tar shards; set the dataset's format = "
+                                  f"\"{indexed}\"")
             return reader_from_manifest(spec.files)
         return WebDatasetReader(spec.file_list, cache_dir=index_cache)

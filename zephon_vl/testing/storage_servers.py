@@ -227,6 +227,8 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         size = os.path.getsize(path)
         f = open(path, "rb")
         rng = self.headers.get("Range")
+        with self.server.state.lock:  # type: ignore[attr-defined]
+            self.server.state.requests.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
         if rng and self.command == "GET":
             with self.server.state.lock:  # type: ignore[attr-defined]
                 self.server.state.range_gets += 1  # type: ignore[attr-defined]
@@ -263,10 +265,12 @@ class _QuietServer(ThreadingHTTPServer):
 @dataclass
 class HttpServer:
     """What a caller sees of the HTTP server: its base `url`, the ranged GETs it answered,
-    and `hang` (set: requests are accepted and left unanswered; `hung` tells one was)."""
+    every request for a file (``"HEAD /a.parquet"``, in order: what a step cost), and
+    `hang` (set: requests are accepted and left unanswered; `hung` tells one was)."""
 
     url: str
     range_gets: int = 0
+    requests: list[str] = field(default_factory=list)
     hang: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
     closing: threading.Event = field(default_factory=threading.Event)

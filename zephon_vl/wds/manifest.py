@@ -38,7 +38,9 @@ MANIFEST_FORMAT = "zephon-wds-manifest"
 MANIFEST_VERSION = 1
 
 
-def _checked_location(location: str | os.PathLike) -> str:
+def checked_location(location: str | os.PathLike) -> str:
+    """A URL as written (credentials in it refused), or a local path made absolute, so a
+    manifest names each file the same wherever it is read."""
     text = os.fspath(location)
     if is_remote(text):
         if urlsplit(text).password is not None or "@" in urlsplit(text).netloc:
@@ -67,7 +69,7 @@ def build_manifest(shards: Sequence[str | os.PathLike], out: str | os.PathLike,
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
     for i, shard in enumerate(shards):
-        location = _checked_location(shard)
+        location = checked_location(shard)
         idx = load_index(location, cache_dir, content_hash, retry)
         rel = f"{folder.name}/{i:06d}-{idx.name}.zidx.json"
         atomic_write(out.parent / rel, json.dumps(idx.to_json(), separators=(",", ":")))
@@ -136,7 +138,8 @@ def refresh_manifest(manifest: str | os.PathLike, retry: Any = None,
     return changes
 
 
-def _resolve(manifest: str, rel: str) -> str:
+def resolve_beside(manifest: str, rel: str) -> str:
+    """`rel` (a sidecar a manifest names) relative to the manifest's folder or URL."""
     if is_remote(rel) or Path(rel).is_absolute():
         return rel
     if is_remote(manifest):
@@ -161,7 +164,7 @@ def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardE
     try:
         return [ShardEntry(str(s["url"]), int(s["size"]), str(s["identity"]),
                            int(s["num_samples"]), s.get("sha256"),
-                           _resolve(text, str(s["index"])))
+                           resolve_beside(text, str(s["index"])))
                 for s in doc["shards"]]
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"manifest {text}: malformed shard entry ({e!r})") from None

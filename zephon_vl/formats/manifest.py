@@ -1,0 +1,196 @@
+"""Record manifests: every record file's URL, size, identity, count and layout in one file.
+
+Building a reader over JSON, JSONL or Parquet files stats each file and reads
+its Parquet footer or JSON offset index: on object storage, thousands of
+requests on every rank at start. A record manifest holds all of it in one
+small file, written by ``zephon-vl index FILE_OR_URL... --format parquet --out
+MANIFEST`` (`build_record_manifest`), as a shard manifest does for tar shards::
+
+    {"format": "zephon-records-manifest", "version": 1, "records_format": "parquet",
+     "files": [{"url": "s3://bucket/train-00000.parquet", "size": 73400320,
+                "identity": "etag:9b2c...", "num_records": 4096,
+                "row_groups": [1024, 1024, 1024, 1024], "keys": ["images", "texts"]}]}
+
+A JSON or JSONL file's entry has ``keys`` (its first record's) and ``offsets``,
+its offset index written to ``<manifest>.indexes/`` (relative to the
+manifest, like the tar sidecars). A dataset then names the manifest with its
+format (TOML ``manifest = "train.json"`` and ``format = "parquet"``); a file
+whose size or identity changed is refused, naming it and the field, when it is
+first opened; ``zephon-vl index --refresh MANIFEST`` re-indexes the changed
+files (`refresh_record_manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
+from zephon_core.extend import base_name, is_remote, local_path, read_whole
+from zephon_vl.formats.records import RecordEntry, RecordFiles, offsets_blob
+from zephon_vl.wds.manifest import (
+    ShardChange,
+    checked_location,
+    index_folder,
+    resolve_beside,
+)
+
+RECORDS_MANIFEST_FORMAT = "zephon-records-manifest"
+RECORDS_MANIFEST_VERSION = 1
+#: the formats whose files a record manifest indexes
+RECORD_FORMATS = ("llava", "messages", "obelics", "parquet")
+_HEAD = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + RECORDS_MANIFEST_FORMAT.encode() + rb'"')
+
+
+def is_record_manifest(location: str | os.PathLike) -> bool:
+    """Whether `location` is a record manifest (its first bytes say so): a dataset given as
+    one ``.json`` may be a LLaVA list as well, and that one is not read whole to tell."""
+    text = os.fspath(location)
+    try:
+        if is_remote(text):
+            stored = open_shard(text)
+            try:
+                head = stored.read_at(0, min(stored.size, 256))
+            finally:
+                stored.close()
+        else:
+            with open(local_path(text), "rb") as f:
+                head = f.read(256)
+    except (OSError, ValueError):
+        return False
+    return _HEAD.match(head) is not None
+
+
+def _entry(i: int, location: str, out: Path, index_cache: str | None) -> RecordEntry:
+    """Index one file (stat, footer or offsets) and write its offset sidecar."""
+    st = stat_shard(location)
+    files = RecordFiles([location], index_cache)
+    try:
+        keys = files.keys_of_first(0)
+    except Exception as exc:  # noqa: BLE001 - any unreadable first record is named
+        raise ConfigError(f"{location}: its first record cannot be read ({exc})") from None
+    if files.kinds[0] == "parquet":
+        rows = np.diff(files.group_starts[0]).astype(int).tolist()
+        return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, rows)
+    rel = f"{index_folder(out).name}/{i:06d}-{base_name(location)}.zoffsets.json"
+    atomic_write(out.parent / rel, offsets_blob(location, st.size, st.identity,
+                                                files.offsets[0]))
+    return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, None, rel)
+
+
+def build_record_manifest(files: Sequence[str | os.PathLike], out: str | os.PathLike,
+                          format_name: str, index_cache: str | None = None,
+                          progress: Callable[[int], None] | None = None) -> list[RecordEntry]:
+    """Index every record file of format `format_name` and write the manifest `out` (a
+    local path); `progress` is called with the number of files indexed after each one."""
+    if format_name not in RECORD_FORMATS:
+        raise ConfigError(f"zephon-vl index --format {format_name}: record manifests index "
+                          f"{', '.join(RECORD_FORMATS)} files (webdataset: tar shards; a "
+                          "text dataset lists its files)")
+    out = Path(out)
+    index_folder(out).mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, f in enumerate(files):
+        entries.append(_entry(i, checked_location(f), out, index_cache))
+        if progress is not None:
+            progress(i + 1)
+    _write(out, format_name, entries)
+    return entries
+
+
+def _write(out: Path, format_name: str, entries: Sequence[RecordEntry]) -> None:
+    """The manifest document; sidecar locations as `_entry` wrote them (relative)."""
+    doc = {"format": RECORDS_MANIFEST_FORMAT, "version": RECORDS_MANIFEST_VERSION,
+           "records_format": format_name,
+           "files": [{k: v for k, v in (("url", e.url), ("size", e.size),
+                                        ("identity", e.identity),
+                                        ("num_records", e.num_records),
+                                        ("row_groups", e.row_groups), ("keys", e.keys),
+                                        ("offsets", e.offsets)) if v is not None}
+                     for e in entries]}
+    atomic_write(out, json.dumps(doc, indent=1))
+
+
+def refresh_record_manifest(manifest: str | os.PathLike,
+                            index_cache: str | None = None) -> list[ShardChange]:
+    """Re-index the files of a local record `manifest` whose size or identity changed and
+    rewrite their entries; unchanged files are only stat'ed. Returns the changes (none:
+    the manifest is left as it was)."""
+    if is_remote(os.fspath(manifest)):
+        raise ConfigError(f"{os.fspath(manifest)}: refresh a local copy of the manifest "
+                          "(offset paths are relative to it), then upload it")
+    path = Path(manifest)
+    doc = _document(str(path))
+    entries = load_record_manifest(path)
+    written = [f.get("offsets") for f in doc["files"]]
+    changes = []
+    for i, entry in enumerate(entries):
+        st = stat_shard(entry.url)
+        if (st.size, st.identity) == (entry.size, entry.identity):
+            entries[i] = replace(entry, offsets=written[i])
+            continue
+        new = entries[i] = _entry(i, entry.url, path, index_cache)
+        changes.append(ShardChange(entry.url, {
+            f: (was, now) for f, was, now in (
+                ("size", entry.size, new.size), ("identity", entry.identity, new.identity),
+                ("num_records", entry.num_records, new.num_records),
+                ("row_groups", entry.row_groups, new.row_groups)) if was != now}))
+    if changes:
+        _write(path, str(doc["records_format"]), entries)
+    return changes
+
+
+def _document(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(read_whole(text))
+    except FileNotFoundError:
+        raise ConfigError(f"manifest {text} does not exist; write it with zephon-vl index "
+                          "FILE... --format FORMAT --out MANIFEST") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"manifest {text} is unreadable ({e}); write it again with "
+                          "zephon-vl index") from None
+    if not isinstance(doc, dict) or doc.get("format") != RECORDS_MANIFEST_FORMAT or \
+            doc.get("version") != RECORDS_MANIFEST_VERSION:
+        raise ConfigError(f"{text} is not a zephon record manifest of version "
+                          f"{RECORDS_MANIFEST_VERSION}")
+    return doc
+
+
+def load_record_manifest(location: str | os.PathLike,
+                         format_name: str | None = None) -> list[RecordEntry]:
+    """The entries of a record manifest (a path or URL), offset sidecars made absolute;
+    refused when it indexes files of another format than `format_name`."""
+    text = os.fspath(location)
+    doc = _document(text)
+    indexed = doc.get("records_format")
+    if format_name is not None and indexed != format_name:
+        raise ConfigError(f"manifest {text} indexes {indexed} files, not {format_name}; set "
+                          f"the dataset's format = \"{indexed}\" or index the files again "
+                          f"with --format {format_name}")
+    try:
+        entries = [RecordEntry(str(f["url"]), int(f["size"]), str(f["identity"]),
+                               int(f["num_records"]), [str(k) for k in f["keys"]],
+                               [int(r) for r in f["row_groups"]] if "row_groups" in f
+                               else None,
+                               resolve_beside(text, str(f["offsets"])) if "offsets" in f
+                               else None)
+                   for f in doc["files"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"manifest {text}: malformed file entry ({e!r})") from None
+    if not entries:
+        raise ConfigError(f"manifest {text} lists no files")
+    return entries
+
+
+def manifest_records_format(location: str | os.PathLike) -> str | None:
+    """The format a record manifest indexes (None: `location` is no record manifest)."""
+    if not is_record_manifest(location):
+        return None
+    return str(_document(os.fspath(location)).get("records_format"))
