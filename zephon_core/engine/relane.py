@@ -45,6 +45,7 @@ from zephon_core.engine.checkpoint import (
     make_state,
     resized_of,
 )
+from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, StatefulOp
@@ -104,15 +105,15 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
     explicit: list[list[int]] = [[] for _ in range(nds)]
     stride = L
     for lane in range(L):
-        snap = state["lanes"][str(lane)]
-        if snap["drops"]:
+        snap = LaneSnapshot.from_json(state["lanes"][str(lane)])
+        if snap.drops:
             raise CheckpointError(f"lane {lane}: the checkpoint's lane state holds drops not "
                                   "reported with a row, which zephon never saves; restore from "
                                   "an intact checkpoint file")
-        src = SourceState.from_json(snap["source"])
+        src = snap.source
         rl = src.relaned
-        held = [Origin(*o) for origins in snap["pending"].values() for o in origins]
-        for pos, acc_state in snap["accumulators"].items():
+        held = [o for origins in snap.pending.values() for o in origins]
+        for pos, acc_state in snap.accumulators.items():
             got = recipe.ops[int(pos)].origins_in_state(acc_state)  # type: ignore[attr-defined]
             held += [Origin(*o) for o in got]
         seqs = {o.seq for o in held}
@@ -137,7 +138,7 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
                 e = rl.explicit[j]
                 explicit[j] += e[c:]
                 nexts[j].append(rl.start[j] + max(0, c - len(e)) * rl.stride)
-        rows += [(lane, row) for row in comb.rows_in_state(snap["packer"])]  # type: ignore[union-attr]
+        rows += [(lane, row) for row in comb.rows_in_state(snap.combiner)]  # type: ignore[union-attr]
 
     tops = [max(nx) for nx in nexts]
     holes = []
@@ -154,18 +155,18 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
         base = len(numbering)
         relaned = Relaned(base, [c for _, c in carry[k::L2]], [h[k::L2] for h in holes],
                           [tops[j] + (k - len(holes[j])) % L2 for j in range(nds)], L2)
-        lanes[k] = {
-            "source": SourceState(base, [0] * nds, relaned=relaned).to_json(),
-            "source_done": False,
-            "rows": new.rows_before(step),
-            "pending": {pos: [] for pos in stateful},
-            "accumulators": {str(i): op.make(k, recipe.seed).state()
-                             for i, op in enumerate(recipe.ops) if isinstance(op, AccumulatorOp)},
-            "packer": comb.state_of_rows(mine),
-            "flushed": [],
-            "drops": [],
-            "dropped": {},
-        }
+        lanes[k] = LaneSnapshot(
+            source=SourceState(base, [0] * nds, relaned=relaned),
+            source_done=False,
+            rows=new.rows_before(step),
+            pending={pos: [] for pos in stateful},
+            accumulators={str(i): op.make(k, recipe.seed).state()
+                          for i, op in enumerate(recipe.ops) if isinstance(op, AccumulatorOp)},
+            combiner=comb.state_of_rows(mine),
+            flushed=[],
+            drops=[],
+            dropped={},
+        ).to_json()
     return make_state(fp, step, lanes, L2, resized,
                       [*lane_changes_of(state), (step, L, L2)])
 
