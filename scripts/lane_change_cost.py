@@ -12,6 +12,7 @@ import json
 import time
 
 from zephon_core import Execution, Loader, change_lanes, load_recipe
+from zephon_core.extend import combiner_state
 
 INLINE = Execution(runner="inline")
 
@@ -33,7 +34,7 @@ def main() -> None:
             rls = [s["source"]["relaned"] for s in new["lanes"].values()]
             carried = sum(len(r["carry"]) for r in rls)
             holes = sum(len(e) for r in rls for e in r["explicit"])
-            rows = sum(len(s["packer"]["ready"]) for s in new["lanes"].values())
+            rows = sum(len(combiner_state(s)["ready"]) for s in new["lanes"].values())
             with Loader(load_recipe("text-demo", num_lanes=L2), 0, 1, INLINE) as ld:
                 t0 = time.perf_counter()
                 ld.load_state_dict(new)

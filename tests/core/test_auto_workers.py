@@ -21,7 +21,7 @@ from zephon_core.engine import autoscale, shm
 from zephon_core.engine.autoscale import AutoWorkers, split_workers
 from zephon_core.engine.execution import parse_workers
 from zephon_core.engine.metrics import MetricsRecorder
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine.processes import ProcessRunner
 
 needs_shm = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
 

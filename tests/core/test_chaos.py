@@ -25,7 +25,7 @@ from tests.helpers.chaos import SlowStart, big, elements, hang_on_13, sigbus_alw
 from tests.helpers.core import TIMED_OUT, DataSpec, Spec, World, reference_digests, within
 from zephon_core import ConfigError, Execution
 from zephon_core.engine import shm
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine.processes import ProcessRunner
 from zephon_core.ops.contract import StageFn
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")

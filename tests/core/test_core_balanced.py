@@ -25,6 +25,7 @@ from tests.helpers.core import (
 )
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core import BalancedPack, CheckpointError, ConfigError, Execution
+from zephon_core.extend import combiner_state
 
 COST = "vision"
 
@@ -116,7 +117,7 @@ def test_state_holds_the_buffers_and_a_damaged_one_is_refused():
     with World(spec, 2) as w:
         w.digests(3)
         state = w.state()
-    packers = [lane["packer"] for lane in state["lanes"].values()]
+    packers = [combiner_state(lane) for lane in state["lanes"].values()]
     assert all(p["group"] == 3 for p in packers)
     assert any(p["costly"] or p["text"] for p in packers)
 
@@ -124,7 +125,7 @@ def test_state_holds_the_buffers_and_a_damaged_one_is_refused():
         import json
 
         copy = json.loads(json.dumps(state))
-        edit(next(iter(copy["lanes"].values()))["packer"])
+        edit(combiner_state(next(iter(copy["lanes"].values()))))
         return copy
 
     edits = [lambda p: p.__setitem__("group", -1),

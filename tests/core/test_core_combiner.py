@@ -31,6 +31,7 @@ from zephon_core import (
     Segment,
 )
 from zephon_core.engine.plan import Plan
+from zephon_core.extend import combiner_state
 from zephon_core.ops.contract import Recompute
 
 
@@ -144,7 +145,7 @@ def test_resume_across_rank_counts(D, D2, k):
     with World(SPEC, D, Execution(runner="threads", default_workers=2, group_size=2)) as w:
         assert w.digests(k) == ref[:k]
         state = w.state()
-    held = [lane["packer"]["held"] for lane in state["lanes"].values()]
+    held = [combiner_state(lane)["held"] for lane in state["lanes"].values()]
     assert any(h is not None for h in held)  # the combiner's own state went through JSON
     with World(SPEC, D2, state=state) as w2:
         assert w2.digests(steps - k) == ref[k:]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core import Execution, Origin
+from zephon_core.extend import combiner_state
 
 FINITE = Spec(datasets=(DataSpec((40, 27, 55), max_len=70, data_seed=5, bad_every=23),),
               num_lanes=4, rows_per_lane=2, epochs=1, shuffle_buffer=5, seq_len=32,
@@ -58,8 +59,8 @@ def record_end(ledger: Ledger, loader, owner: dict[Origin, int], *, held: bool) 
         snap = run.snapshot()
         inside = [o for origins in snap["pending"].values() for o in origins]
         inside += [o for acc in snap["accumulators"].values() for o in acc["buffer"]]
-        inside += [seg[:5] for rows in [*snap["packer"]["bins"], *snap["packer"]["ready"]]
-                   for seg in rows]
+        packed = combiner_state(snap)
+        inside += [seg[:5] for rows in [*packed["bins"], *packed["ready"]] for seg in rows]
         if run.finished:
             assert not inside, f"lane {run.lane} finished with elements inside: {inside[:5]}"
         ledger.remainder.update((run.lane, Origin(*o)) for o in inside)

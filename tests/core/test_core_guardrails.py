@@ -147,7 +147,7 @@ MANGLED = [
     ("lane deleted", _delete(["lanes", "1"]), ["lanes [1]"]),
     ("lane is a string", _set(["lanes", "2"], "garbage"), ["lane 2"]),
     ("lane is empty", _set(["lanes", "1"], {}), ["lane 1"]),
-    ("lane packer deleted", _delete(["lanes", "1", "packer"]), ["lane 1", "packer"]),
+    ("lane combiner deleted", _delete(["lanes", "1", "combiner"]), ["lane 1", "combiner"]),
     ("lane rows not a number", _set(["lanes", "0", "rows"], "x"), ["lane 0"]),
     ("lane origin too short", _set(["lanes", "1", "accumulators", "2", "buffer"], [[1, 2]]),
      ["lane 1"]),

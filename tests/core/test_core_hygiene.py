@@ -30,7 +30,7 @@ from tests.helpers.core import (
     within,
 )
 from zephon_core import Execution, Loader, batch_digest
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine.processes import ProcessRunner
 
 pytestmark = pytest.mark.slow
 

@@ -21,6 +21,7 @@ from tests.helpers.core import (
     reference_digests,
 )
 from zephon_core import Execution
+from zephon_core.extend import combiner_state
 
 # A lane pipeline with state everywhere: a pointer shuffle before Read, and a
 # payload shuffle would be recomputed on restore; packer bins stay open.
@@ -106,7 +107,7 @@ def _state_holds_work(state: dict) -> dict[str, bool]:
             any(origins for origins in lane["pending"].values()) for lane in lanes),
         "shuffle buffer": any(
             acc["buffer"] for lane in lanes for acc in lane["accumulators"].values()),
-        "open packer bins": any(lane["packer"]["bins"] for lane in lanes),
+        "open packer bins": any(combiner_state(lane)["bins"] for lane in lanes),
     }
 
 
@@ -241,7 +242,7 @@ def test_restore_recomputes_only_what_was_buffered():
             len(origins) for lane in state["lanes"].values()
             for origins in [*lane["pending"].values(),
                             *(a["buffer"] for a in lane["accumulators"].values()),
-                            *lane["packer"]["bins"], *lane["packer"]["ready"]])
+                            *combiner_state(lane)["bins"], *combiner_state(lane)["ready"]])
         helpers.COUNTER["tokens"] = 0
         with World(spec, 2) as w2:
             for loader in w2.loaders:

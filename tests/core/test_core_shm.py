@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from zephon_core import Element
 from zephon_core.engine import shm
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine.processes import ProcessRunner
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
 

@@ -31,7 +31,7 @@ with open(os.environ["MARK"], "a") as f:  # every process that runs this file as
     f.write(f"{os.getpid()} {__name__}\\n")
 from tests.helpers.chaos import big, elements, stage
 from zephon_core import Map
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine.processes import ProcessRunner
 from zephon_core.ops.contract import StageFn
 
 

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tests.helpers.chaos import BusyStart, ExitOnRestart, big, burn_cpu, elements
-from zephon_core.engine import runners, shm
-from zephon_core.engine.runners import ProcessRunner
+from zephon_core.engine import processes, shm
+from zephon_core.engine.processes import ProcessRunner
 from zephon_core.ops.contract import StageFn
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
@@ -102,7 +102,7 @@ def test_restarts_that_exit_by_themselves_stop_the_stage_and_say_what_was_seen(t
 
 
 def test_killed_replacements_give_up_after_a_patience_scaled_by_start_times(monkeypatch):
-    monkeypatch.setattr(runners, "START_PATIENCE_MIN_S", 3.0)
+    monkeypatch.setattr(processes, "START_PATIENCE_MIN_S", 3.0)
     runner = ProcessRunner(StageFn([BusyStart(big, cpu_s=0.05)]), workers=1, name="patience")
     try:
         assert runner.submit(elements(0, 1)).result(timeout=60)[0][0] == 0

@@ -63,7 +63,7 @@ def hold_pool() -> None:
 
     Prints one JSON line (the pool's prefix and its workers), then waits to be killed.
     """
-    from zephon_core.engine.runners import ProcessRunner
+    from zephon_core.engine.processes import ProcessRunner
 
     runner = ProcessRunner(stage(big), workers=2, name="held")
     held = [runner.submit(elements(i, 2)).result(timeout=60) for i in range(0, 12, 2)]
@@ -75,7 +75,7 @@ def hold_pool() -> None:
 
 def second_pool() -> None:
     """Start and close a pool (it sweeps orphans at start): run in another PID namespace."""
-    from zephon_core.engine.runners import ProcessRunner
+    from zephon_core.engine.processes import ProcessRunner
 
     runner = ProcessRunner(stage(big), workers=1, name="neighbour")
     try:

@@ -23,6 +23,7 @@ import pytest
 from zephon_core import ElasticRun, Execution, batch_digest, change_lanes, load_recipe
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import DatasetOrder, LaneSource, SourceState
+from zephon_core.extend import combiner_state
 
 K = {"text-demo": 6, "vlm-demo": 4}
 
@@ -100,7 +101,7 @@ def new_lane_samples(state: dict, recipe) -> set[tuple]:
     orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle) for j, sz in enumerate(sizes)]
     out = set()
     for k, snap in state["lanes"].items():
-        for row in snap["packer"]["ready"]:
+        for row in combiner_state(snap)["ready"]:
             out.update(tuple(seg[1:5]) for seg in row)
         src = LaneSource(orders, [d.weight for d in recipe.datasets], int(k), recipe.num_lanes,
                          recipe.epochs, SourceState.from_json(snap["source"]))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core.common.files import atomic_write
+from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import (
     CHECKSUM_KEY,
     LaneChecker,
@@ -175,7 +176,7 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
         if not (key.isdigit() and int(key) < fingerprint["num_lanes"]):
             raise CheckpointError(f"checkpoint is corrupt: it holds a state for lane {key!r} of "
                                   f"a {fingerprint['num_lanes']}-lane run")
-        checker.check(int(key), snap)
+        LaneSnapshot.check(snap, int(key), checker)
     check_checksum(state)
 
 

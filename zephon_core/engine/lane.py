@@ -17,13 +17,14 @@ from typing import Any
 
 from zephon_core.common.digest import sample_digest
 from zephon_core.common.hashing import derive
-from zephon_core.data.sources import LaneSource, SourceState
+from zephon_core.data.sources import LaneSource
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.observe import DRIVER, Span, StageEvent, StageObserver
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
+from zephon_core.engine.snapshot import PHASE_GATE, LaneSnapshot
 from zephon_core.errors import CheckpointError, NoRowsError, ZephonError
 from zephon_core.ops.contract import Accumulator, Combiner, Digested, Row, Segment
 from zephon_core.records import Dropped, Element, Origin, drop_detail
@@ -394,9 +395,9 @@ class LaneRun:
         self.source_done = True
 
     # --- checkpoint --------------------------------------------------------
-    def _pending(self) -> dict[str, list[list[int]]]:
+    def _pending(self) -> dict[str, list[Origin]]:
         """Per accumulator/combiner stage: origins on their way to it, oldest first."""
-        out: dict[str, list[list[int]]] = {}
+        out: dict[str, list[Origin]] = {}
         start = 0
         for s in self.stages:
             if s.kind == "transform":
@@ -404,36 +405,31 @@ class LaneRun:
             origins = [o for o, _ in self.inbox[s.index]]
             for j in range(s.index - 1, start - 1, -1):
                 origins += self.t[j].origins()
-            out[str(self.op_of_stage[s.index])] = [list(o) for o in origins]
+            out[str(self.op_of_stage[s.index])] = origins
             start = s.index + 1
         return out
 
     def held_origins(self) -> list[Origin]:
         """Every element drawn from the source that has not reached a row or a drop yet."""
-        pending = [Origin(*o) for origins in self._pending().values() for o in origins]
+        pending = [o for origins in self._pending().values() for o in origins]
         held = [o for acc in self.accs.values() for o in acc.held_origins()]
         return pending + held + self.combiner.held_origins()
 
     def snapshot(self) -> dict:
-        snap = self._snapshot()
-        if self.gate is not None:
-            snap["phase_gate"] = self.gate.state()
-        return snap
-
-    def _snapshot(self) -> dict:
-        return {
-            "source": self.source.state.to_json(),
-            "source_done": self.source_done,
-            "rows": self.rows_emitted,
-            "pending": self._pending(),
-            "accumulators": {str(self.op_of_stage[i]): a.state() for i, a in self.accs.items()},
-            "packer": self.combiner.state(),
-            "flushed": sorted(self.op_of_stage[i] for i in self.flushed),
-            "drops": [[*o, reason] for o, reason in self.pending_drops],
-            **({"drop_details": [[*o, self.drop_details[o]] for o, _ in self.pending_drops
-                                 if o in self.drop_details]} if self.drop_details else {}),
-            "dropped": dict(sorted(self.dropped.items())),
-        }
+        """The lane's state now, as JSON data (`LaneSnapshot`)."""
+        return LaneSnapshot(
+            source=self.source.state,
+            source_done=self.source_done,
+            rows=self.rows_emitted,
+            pending=self._pending(),
+            accumulators={str(self.op_of_stage[i]): a.state() for i, a in self.accs.items()},
+            combiner=self.combiner.state(),
+            flushed=sorted(self.op_of_stage[i] for i in self.flushed),
+            drops=list(self.pending_drops),
+            dropped=self.dropped,
+            drop_details=self.drop_details,
+            phase_gate=self.gate.state() if self.gate is not None else None,
+        ).to_json()
 
     def _recompute(self, origins: list[Origin], upto: int) -> list[Any]:
         fn = self.plan.prefix_fn(upto)
@@ -446,35 +442,38 @@ class LaneRun:
                 self.backlog.track(out)
         return outs
 
-    def restore(self, snap: dict) -> None:
+    def restore(self, state: dict) -> None:
         """Rebuild the lane from a snapshot; payloads are recomputed from origins."""
         try:
-            self.source.set_state(SourceState.from_json(snap["source"]))
+            snap = LaneSnapshot.from_json(state)
+            self.source.set_state(snap.source)
             if self.gate is not None:
-                self.gate.restore(snap["phase_gate"])
+                if snap.phase_gate is None:
+                    raise KeyError(PHASE_GATE)
+                self.gate.restore(snap.phase_gate)
             if len(self.source.state.counts) != len(self.source.orders):
                 raise ValueError(f"source.counts has {len(self.source.state.counts)} entries "
                                  f"for {len(self.source.orders)} datasets")
-            self.source_done = bool(snap["source_done"])
-            self.rows_emitted = int(snap["rows"])
-            self.flushed = {self.stage_of_op[int(i)] for i in snap["flushed"]}
-            self.pending_drops = [(Origin(*d[:5]), str(d[5])) for d in snap["drops"]]
-            self.drop_details = {Origin(*d[:5]): str(d[5]) for d in snap.get("drop_details", [])}
-            self.dropped = {str(k): int(v) for k, v in snap["dropped"].items()}
+            self.source_done = snap.source_done
+            self.rows_emitted = snap.rows
+            self.flushed = {self.stage_of_op[i] for i in snap.flushed}
+            self.pending_drops = list(snap.drops)
+            self.drop_details = dict(snap.drop_details)
+            self.dropped = dict(snap.dropped)
             start = 0
             for s in self.stages:
                 if s.kind == "transform":
                     continue
                 key = str(self.op_of_stage[s.index])
-                origins = [Origin(*o) for o in snap["pending"][key]]
+                origins = snap.pending[key]
                 entry = start if start < s.index else s.index
                 for o, p in zip(origins, self._recompute(origins, entry), strict=True):
                     self._to_stage(entry, o, p)
                 if s.kind == "accumulator":
-                    self.accs[s.index].restore(snap["accumulators"][key],
+                    self.accs[s.index].restore(snap.accumulators[key],
                                                lambda os_, i=s.index: self._recompute(os_, i))
                 start = s.index + 1
-            self.combiner.restore(snap["packer"],
+            self.combiner.restore(snap.combiner,
                                   lambda os_: self._recompute(os_, self.combiner_index))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise CheckpointError(

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
 from zephon_core.data.storage import storage_settings
 from zephon_core.engine.autoscale import sizer_for
+from zephon_core.engine.background import BackgroundSteps
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.checkpoint import (
@@ -36,6 +35,7 @@ from zephon_core.engine.plan import Plan
 from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runners import Runner
 from zephon_core.engine.state_check import is_count
+from zephon_core.engine.steps import Drained, Step, StepMeta, collate_rows
 from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
@@ -51,48 +51,7 @@ def empty_dataset_message(j: int, dataset: Dataset, shards: int) -> str:
             "and that the files hold samples")
 
 
-@dataclass
-class StepMeta:
-    """What a step's local batch is made of: its rows' segments and the drops decided with them."""
-
-    step: int
-    lanes: list[int]
-    rows: list[list[tuple[Origin, int, int]]]
-    drops: list[tuple[Origin, str]] = field(default_factory=list)
-    #: with sample digests on: this rank's lanes' ledger entries (`ledger.lane_entries`)
-    ledger: dict[int, dict] | None = None
-    #: seconds spent collating this step (0 until it is collated; never part of equality)
-    collate_s: float = field(default=0.0, compare=False)
-
-    @property
-    def tokens(self) -> int:
-        return sum(e - s for row in self.rows for _, s, e in row)
-
-
-@dataclass
-class _Step:
-    rows: list[Row]
-    snapshots: dict[int, dict]
-    meta: StepMeta
-
-
-@dataclass
-class Drained:
-    """What `Loader.drain` took out of this rank's lanes; none of it was delivered before.
-
-    ``rows``: every row the lanes made and no step delivered, lane by lane in
-    lane order, each lane's rows in its order; ``lanes[i]`` is the lane of
-    ``rows[i]``. ``drops``: every drop no `StepMeta` reported, lane by lane:
-    those each row carries (``row.drops``, decided before it) and then those
-    decided after the lane's last row.
-    """
-
-    rows: list[Row]
-    lanes: list[int]
-    drops: list[tuple[Origin, str]]
-
-
-class Loader:
+class Loader(BackgroundSteps):
     """An iterator of local batches for rank `dp_rank` of `dp_world_size`.
 
     Local batch `t` is, in lane order, rows `[t*r, (t+1)*r)` of each of this
@@ -148,13 +107,7 @@ class Loader:
         self.execution = execution or Execution()
         self.digests = digests or ledger is not None
         self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests)
-        with storage_settings(self.execution.storage()):  # shard stats and indexes: URLs
-            self.fingerprint = recipe.fingerprint()
-            self._keys = reader_keys(recipe) if self.digests else None
-            sizes = [shard_lengths(d.reader) for d in recipe.datasets]
-            for j, sz in enumerate(sizes):
-                if not sum(sz):
-                    raise ConfigError(empty_dataset_message(j, recipe.datasets[j], len(sz)))
+        sizes = self._read_data()
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
@@ -166,14 +119,7 @@ class Loader:
         self._failed: BaseException | None = None
         #: finished documents this rank's lanes hold (`Execution.backlog_bytes` bounds it)
         self.backlog = Backlog(self.execution.backlog_bytes, self.execution.group_size)
-        # A weak reference: torch's registry owns the group, so destroy_process_group frees
-        # it and its threads before interpreter shutdown (see checkpoint.gloo_group).
-        self._end_group: Callable[[], Any] | None = None
-        if recipe.epochs is not None:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                self._end_group = weakref.ref(dist.new_group(backend="gloo"))
+        self._end_group = _end_of_data_group(recipe)
         self.background = background
         self._thread: threading.Thread | None = None
         self._unsent: dict[str, Any] = {}
@@ -193,6 +139,19 @@ class Loader:
             log.warning("zephon: workers='auto' measures the stages: with stage_metrics=False "
                         "the process stages keep equal shares of the worker budget")
         self._build_lanes(None)
+
+    def _read_data(self) -> list[list[int]]:
+        """The recipe's fingerprint and shard sizes (read where the data is: URLs need the
+        execution's storage settings); refuses a dataset without samples."""
+        recipe = self.recipe
+        with storage_settings(self.execution.storage()):  # shard stats and indexes: URLs
+            self.fingerprint = recipe.fingerprint()
+            self._keys = reader_keys(recipe) if self.digests else None
+            sizes = [shard_lengths(d.reader) for d in recipe.datasets]
+            for j, sz in enumerate(sizes):
+                if not sum(sz):
+                    raise ConfigError(empty_dataset_message(j, recipe.datasets[j], len(sz)))
+        return sizes
 
     def _set_batches(self) -> None:
         r = self.recipe
@@ -248,7 +207,7 @@ class Loader:
                                f"{self._produced}: {self._failed}; load a checkpoint "
                                "(load_state_dict) to continue") from self._failed
 
-    def _advance(self) -> _Step | None:
+    def _advance(self) -> Step | None:
         """Run the lanes; a failure leaves the loader unusable rather than silently short."""
         self._check_usable()
         try:
@@ -282,7 +241,7 @@ class Loader:
         return (f"zephon: no new row for {seconds:.0f} s on rank {self.dp_rank} (step "
                 f"{self._produced}): {lanes}. {why}")
 
-    def _advance_lanes(self) -> _Step | None:
+    def _advance_lanes(self) -> Step | None:
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
         t = self._produced
         r = self.batches.r_at(t)
@@ -324,7 +283,7 @@ class Loader:
                         if self.recipe.schedule() else None)
             meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1
-        return _Step(rows, snaps, meta)
+        return Step(rows, snaps, meta)
 
     def _every_rank_has_a_batch(self, full: bool) -> bool:
         """With finite data, the run ends at the first step *any* rank cannot fill.
@@ -411,7 +370,7 @@ class Loader:
             run.pending_drops = []
         return Drained(rows, lanes, drops)
 
-    def _deliver(self, step: _Step) -> None:
+    def _deliver(self, step: Step) -> None:
         """The consumer has the step: its snapshots become the loader's state."""
         self._snapshots.update(step.snapshots)
         self.last_meta = step.meta
@@ -432,12 +391,12 @@ class Loader:
     def _collate(self, rows: list[Row]) -> Any:
         pin = self.execution.pin_memory
         if self.microbatches == 1:
-            return _collate_rows(self.recipe.collate, rows, pin)
+            return collate_rows(self.recipe.collate, rows, pin)
         k = len(rows) // self.microbatches
-        return [_collate_rows(self.recipe.collate, rows[i:i + k], pin)
+        return [collate_rows(self.recipe.collate, rows[i:i + k], pin)
                 for i in range(0, len(rows), k)]
 
-    def _collate_step(self, step: _Step) -> Any:
+    def _collate_step(self, step: Step) -> Any:
         start = time.perf_counter()
         batch = self._collate(step.rows)
         step.meta.collate_s = time.perf_counter() - start
@@ -468,106 +427,6 @@ class Loader:
         step, batch = item
         self._deliver(step)
         return batch
-
-    def _start_background(self) -> None:
-        depth = max(1, self.execution.prefetch_steps)
-        self._queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._unsent = {}
-        self._steps: queue.Queue | None = None
-        if self.execution.collate_in == "thread":
-            self._steps = queue.Queue(maxsize=1)
-            self._collator = threading.Thread(target=self._collate_steps,
-                                              name="zephon-collate", daemon=True)
-            self._collator.start()
-        self._thread = threading.Thread(target=self._produce, name="zephon-driver", daemon=True)
-        self._thread.start()
-
-    def _put(self, q: queue.Queue, item: Any, who: str) -> bool:
-        """Queue `item` unless the loader stops first (then it is kept for `drain`)."""
-        while True:
-            if self._stop.is_set():
-                self._unsent[who] = item
-                return False
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-
-    def _produce(self) -> None:
-        """Background driver: run the lanes ahead of the consumer; collate here or hand the
-        step to the collate thread, so the lanes keep running while a step is collated."""
-        out = self._steps if self._steps is not None else self._queue
-        try:
-            while not self._stop.is_set():
-                if self._steps is not None and not self._steps.empty():
-                    # the collate thread has not taken the last step yet: making another
-                    # now would only hold one more step's documents, never deliver sooner
-                    self._stop.wait(0.002)
-                    continue
-                step = self._advance()
-                if self._steps is not None:
-                    item = None if step is None else (step, None)
-                elif step is None:
-                    item = None
-                else:
-                    try:
-                        item = (step, self._collate_step(step))
-                    except BaseException as exc:
-                        self._failed = exc  # a step was taken and cannot be delivered
-                        raise
-                if not self._put(out, item, "driver") or item is None:
-                    return
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            self._put(out, exc, "driver")
-
-    def _collate_steps(self) -> None:
-        """Collate thread: steps from the driver, in order, to batches for the consumer."""
-        assert self._steps is not None
-        while not self._stop.is_set():
-            try:
-                item = self._steps.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if item is not None and not isinstance(item, BaseException):
-                step = item[0]
-                try:
-                    item = (step, self._collate_step(step))
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-                    self._failed = exc  # a step was taken and cannot be delivered
-                    item = exc
-            if not self._put(self._queue, item, "collate") or item is None \
-                    or isinstance(item, BaseException):
-                return
-
-    def _stop_background(self) -> list[Any]:
-        """Stop the background threads; return what they made beyond the consumer's step,
-        in order.
-
-        Items are ``(step, batch)`` (batch None for a step not collated yet),
-        None (end of data) or the exception that stopped the driver. `drain`
-        uses the steps; the other callers drop them.
-        """
-        if self._thread is None:
-            return []
-        self._stop.set()
-        self._thread.join()
-        if self._steps is not None:
-            self._collator.join()
-        items: list[Any] = []
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
-        if "collate" in self._unsent:
-            items.append(self._unsent["collate"])
-        if self._steps is not None:
-            while not self._steps.empty():
-                items.append(self._steps.get_nowait())
-        if "driver" in self._unsent:
-            items.append(self._unsent["driver"])
-        self._thread = None
-        self._unsent = {}
-        return items
 
     # --- checkpoint --------------------------------------------------------
     def local_state_dict(self) -> dict:
@@ -667,27 +526,16 @@ class Loader:
             pass
 
 
-_pin_warned = False
+def _end_of_data_group(recipe: Recipe) -> Callable[[], Any] | None:
+    """With epochs on several ranks: a gloo group on which the ranks agree the data ended.
 
+    A weak reference: torch's registry owns the group, so destroy_process_group
+    frees it and its threads before interpreter shutdown (see checkpoint.gloo_group).
+    """
+    if recipe.epochs is None:
+        return None
+    import torch.distributed as dist
 
-def _collate_rows(collate: Callable[..., Any], rows: list[Row], pin: bool) -> Any:
-    """`collate(rows)`; with `pin`, its tensors in page-locked memory: written there
-    directly by a collate that takes ``pin_memory`` (``collate.pins``), else copied."""
-    if not pin:
-        return collate(rows)
-    import torch
-
-    if not torch.cuda.is_available():
-        global _pin_warned
-        if not _pin_warned:
-            _pin_warned = True
-            log.warning("zephon: Execution(pin_memory=True) but torch sees no CUDA device; "
-                        "batches stay in pageable memory")
-        return collate(rows)
-    if getattr(collate, "pins", False):
-        return collate(rows, pin_memory=True)
-    batch = collate(rows)
-    if isinstance(batch, dict):
-        return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v
-                for k, v in batch.items()}
-    return batch.pin_memory() if isinstance(batch, torch.Tensor) else batch
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return weakref.ref(dist.new_group(backend="gloo"))
+    return None

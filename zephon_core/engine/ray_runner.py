@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core.engine.runners import MAX_ATTEMPTS, Runner, sendable_error
+from zephon_core.engine.runners import MAX_ATTEMPTS, Runner
+from zephon_core.engine.workers import sendable_error
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element, Origin, Pointer

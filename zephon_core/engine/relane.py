@@ -45,6 +45,7 @@ from zephon_core.engine.checkpoint import (
     make_state,
     resized_of,
 )
+from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import is_count
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, StatefulOp
@@ -63,7 +64,34 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
     operators whose per-lane state cannot be re-dealt (e.g. balanced packing,
     whose groups are ``G / L`` rows), naming them.
     """
-    L2 = recipe.num_lanes
+    _refuse_unsupported(state, recipe)
+    fp = fingerprint if fingerprint is not None else recipe.fingerprint()
+    L = _lanes(state)
+    if not (is_count(L) and L > 0):
+        raise CheckpointError(f"checkpoint is corrupt: num_lanes is {L!r}")
+    resized = resized_of(state)
+    G = recipe.global_batch_size
+    old = BatchSchedule.build(L, G, recipe.batch_sizes(), resized)
+    step = state.get("step") if isinstance(state, dict) else None
+    check_state(state, {**fp, "num_lanes": L}, list(range(L)), recipe.ops,
+                old.rows_before(step) if is_count(step) else None)
+    step = int(state["step"])
+    if sizes is None:
+        from zephon_core.data.readers import shard_lengths
+
+        sizes = [shard_lengths(d.reader) for d in recipe.datasets]
+    held = _Held(len(recipe.datasets), L)
+    for lane in range(L):
+        held.add(lane, LaneSnapshot.from_json(state["lanes"][str(lane)]), recipe)
+    limits = [None if recipe.epochs is None else recipe.epochs * sum(s) for s in sizes]
+    new = BatchSchedule.build(recipe.num_lanes, G, recipe.batch_sizes(), resized)
+    lanes = held.deal(recipe, limits, new.rows_before(step))
+    return make_state(fp, step, lanes, recipe.num_lanes, resized,
+                      [*lane_changes_of(state), (step, L, recipe.num_lanes)])
+
+
+def _refuse_unsupported(state: Any, recipe: Recipe) -> None:
+    """A mixture schedule and operators whose per-lane state cannot be re-dealt, named."""
     if any(p.weights is not None for p in recipe.phases):
         raise ConfigError("a lane-count change on resume is not supported with a mixture "
                           "schedule ([[phases]] with weights): each lane's phase gate counts "
@@ -89,40 +117,30 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
             raise ConfigError(f"the operator {op.name!r} ({type(op).__name__}) does not support "
                               "a lane-count change on resume; resume with the checkpoint's "
                               f"lane count ({_lanes(state)})")
-    fp = fingerprint if fingerprint is not None else recipe.fingerprint()
-    L = _lanes(state)
-    if not (is_count(L) and L > 0):
-        raise CheckpointError(f"checkpoint is corrupt: num_lanes is {L!r}")
-    resized = resized_of(state)
-    G = recipe.global_batch_size
-    old = BatchSchedule.build(L, G, recipe.batch_sizes(), resized)
-    step = state.get("step") if isinstance(state, dict) else None
-    check_state(state, {**fp, "num_lanes": L}, list(range(L)), recipe.ops,
-                old.rows_before(step) if is_count(step) else None)
-    step = int(state["step"])
-    new = BatchSchedule.build(L2, G, recipe.batch_sizes(), resized)
-    if sizes is None:
-        from zephon_core.data.readers import shard_lengths
 
-        sizes = [shard_lengths(d.reader) for d in recipe.datasets]
-    limits = [None if recipe.epochs is None else recipe.epochs * sum(s) for s in sizes]
-    nds = len(recipe.datasets)
 
-    rows: list[tuple[int, list[list[int]]]] = []
-    carry: list[tuple[tuple[int, int], tuple[int, int, int, int]]] = []
-    nexts: list[list[int]] = [[] for _ in range(nds)]
-    explicit: list[list[int]] = [[] for _ in range(nds)]
-    stride = L
-    for lane in range(L):
-        snap = state["lanes"][str(lane)]
-        if snap["drops"]:
+class _Held:
+    """What the old lanes hold, gathered lane by lane (rules 1-3 of the module docstring)."""
+
+    def __init__(self, nds: int, old_lanes: int) -> None:
+        self.nds = nds
+        self.old_lanes = old_lanes
+        self.rows: list[tuple[int, list[list[int]]]] = []
+        self.carry: list[tuple[tuple[int, int], tuple[int, int, int, int]]] = []
+        self.nexts: list[list[int]] = [[] for _ in range(nds)]
+        self.explicit: list[list[int]] = [[] for _ in range(nds)]
+        self.stride = old_lanes
+
+    def add(self, lane: int, snap: LaneSnapshot, recipe: Recipe) -> None:
+        """Old lane `lane`'s rows, carried samples and next positions per dataset."""
+        if snap.drops:
             raise CheckpointError(f"lane {lane}: the checkpoint's lane state holds drops not "
                                   "reported with a row, which zephon never saves; restore from "
                                   "an intact checkpoint file")
-        src = SourceState.from_json(snap["source"])
+        src = snap.source
         rl = src.relaned
-        held = [Origin(*o) for origins in snap["pending"].values() for o in origins]
-        for pos, acc_state in snap["accumulators"].items():
+        held = [o for origins in snap.pending.values() for o in origins]
+        for pos, acc_state in snap.accumulators.items():
             got = recipe.ops[int(pos)].origins_in_state(acc_state)  # type: ignore[attr-defined]
             held += [Origin(*o) for o in got]
         seqs = {o.seq for o in held}
@@ -134,52 +152,55 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
         for o in held:
             if o.seq >= max(n, mixed_from):
                 counts[o.dataset] -= 1
-        carry += [((o.seq, lane), (o.dataset, o.shard, o.index, o.epoch))
-                  for o in held if o.seq < n]
+        self.carry += [((o.seq, lane), (o.dataset, o.shard, o.index, o.epoch))
+                       for o in held if o.seq < n]
         if rl is not None:
-            carry += [((i, lane), rl.carry[i - rl.base]) for i in range(n, mixed_from)]
-            stride = rl.stride
-        for j in range(nds):
+            self.carry += [((i, lane), rl.carry[i - rl.base]) for i in range(n, mixed_from)]
+            self.stride = rl.stride
+        for j in range(self.nds):
             c = counts[j]
             if rl is None:
-                nexts[j].append(c * L + lane)
+                self.nexts[j].append(c * self.old_lanes + lane)
             else:
                 e = rl.explicit[j]
-                explicit[j] += e[c:]
-                nexts[j].append(rl.start[j] + max(0, c - len(e)) * rl.stride)
-        rows += [(lane, row) for row in comb.rows_in_state(snap["packer"])]  # type: ignore[union-attr]
+                self.explicit[j] += e[c:]
+                self.nexts[j].append(rl.start[j] + max(0, c - len(e)) * rl.stride)
+        comb = recipe.combiner
+        self.rows += [(lane, row) for row in comb.rows_in_state(snap.combiner)]  # type: ignore[union-attr]
 
-    tops = [max(nx) for nx in nexts]
-    holes = []
-    for j in range(nds):
-        found = explicit[j] + [p for nx in nexts[j] for p in range(nx, tops[j], stride)]
-        holes.append(sorted(p for p in found if limits[j] is None or p < limits[j]))
-    carry.sort()
-    stateful = [str(i) for i, op in enumerate(recipe.ops) if isinstance(op, StatefulOp)]
-    lanes: dict[int, dict] = {}
-    for k in range(L2):
-        numbering: dict[tuple[int, int], int] = {}
-        mine = [[[numbering.setdefault((lane, seg[0]), len(numbering)), *seg[1:]] for seg in row]
-                for lane, row in rows[k::L2]]
-        base = len(numbering)
-        relaned = Relaned(base, [c for _, c in carry[k::L2]], [h[k::L2] for h in holes],
-                          [tops[j] + (k - len(holes[j])) % L2 for j in range(nds)], L2)
-        lanes[k] = {
-            "source": SourceState(base, [0] * nds, relaned=relaned).to_json(),
-            "source_done": False,
-            "rows": new.rows_before(step),
-            "pending": {pos: [] for pos in stateful},
-            "accumulators": {str(i): op.make(k, recipe.seed).state()
-                             for i, op in enumerate(recipe.ops) if isinstance(op, AccumulatorOp)},
-            "packer": comb.state_of_rows(mine),
-            "flushed": [],
-            "drops": [],
-            "dropped": {},
-        }
-    return make_state(fp, step, lanes, L2, resized,
-                      [*lane_changes_of(state), (step, L, L2)])
-
-
+    def deal(self, recipe: Recipe, limits: list[int | None], rows_before: int) -> dict[int, dict]:
+        """The new lanes' snapshots: rows, carried samples and holes dealt round robin."""
+        L2, nds = recipe.num_lanes, self.nds
+        tops = [max(nx) for nx in self.nexts]
+        holes = []
+        for j in range(nds):
+            found = self.explicit[j] + [p for nx in self.nexts[j]
+                                        for p in range(nx, tops[j], self.stride)]
+            holes.append(sorted(p for p in found if limits[j] is None or p < limits[j]))
+        self.carry.sort()
+        stateful = [str(i) for i, op in enumerate(recipe.ops) if isinstance(op, StatefulOp)]
+        lanes: dict[int, dict] = {}
+        for k in range(L2):
+            numbering: dict[tuple[int, int], int] = {}
+            mine = [[[numbering.setdefault((lane, seg[0]), len(numbering)), *seg[1:]]
+                     for seg in row] for lane, row in self.rows[k::L2]]
+            base = len(numbering)
+            relaned = Relaned(base, [c for _, c in self.carry[k::L2]], [h[k::L2] for h in holes],
+                              [tops[j] + (k - len(holes[j])) % L2 for j in range(nds)], L2)
+            lanes[k] = LaneSnapshot(
+                source=SourceState(base, [0] * nds, relaned=relaned),
+                source_done=False,
+                rows=rows_before,
+                pending={pos: [] for pos in stateful},
+                accumulators={str(i): op.make(k, recipe.seed).state()
+                              for i, op in enumerate(recipe.ops)
+                              if isinstance(op, AccumulatorOp)},
+                combiner=recipe.combiner.state_of_rows(mine),
+                flushed=[],
+                drops=[],
+                dropped={},
+            ).to_json()
+        return lanes
 def _lanes(state: Any) -> Any:
     return state.get("num_lanes") if isinstance(state, dict) else None
 

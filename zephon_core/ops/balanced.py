@@ -56,6 +56,13 @@ from zephon_core.ops.contract import (
     StateChecks,
 )
 from zephon_core.ops.pack import FILLER_ORIGIN, RowFiller
+from zephon_core.ops.segments import (
+    check_segment,
+    check_segment_row,
+    decode_segments,
+    encode_segments,
+    segment_origins,
+)
 from zephon_core.records import Dropped, Origin
 
 __all__ = ["BalanceSettings", "BalancedPack", "BalancedPacker"]
@@ -168,26 +175,12 @@ class BalancedPack(CombinerOp):
             if not isinstance(segs, list):
                 raise checks.fail(key, "is not a list of segments")
             for seg in segs:
-                self._check_segment(key, seg, checks)
+                check_segment(key, seg, checks)
         ready = state.get("ready")
         if not isinstance(ready, list):
             raise checks.fail("ready", "is not a list of rows")
         for row in ready:
-            if not isinstance(row, list) or not row:
-                raise checks.fail("ready", "holds a row that is not a list of segments")
-            used = sum(self._check_segment("ready", seg, checks) for seg in row)
-            if used > self.seq_len:
-                raise checks.fail("ready", f"holds a row of {used} tokens, more than "
-                                  f"seq_len={self.seq_len}")
-
-    def _check_segment(self, key: str, seg: Any, checks: StateChecks) -> int:
-        if not (isinstance(seg, list) and len(seg) == 7):
-            raise checks.fail(key, "holds a segment that is not [origin..., start, end]")
-        checks.origin(key, seg[:5])
-        start, end = seg[5], seg[6]
-        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
-            raise checks.fail(key, f"holds a segment [{start}, {end})")
-        return end - start
+            check_segment_row("ready", row, checks, self.seq_len, allow_empty=False)
 
     def make(self, lane: int, seed: int) -> BalancedPacker:
         return BalancedPacker(self)
@@ -403,31 +396,17 @@ class BalancedPacker(Combiner):
 
     # --- checkpoint -------------------------------------------------------------
     def state(self) -> dict:
-        def segs(ss: Any) -> list[list[int]]:
-            return [[*s.origin, s.start, s.end] for s in ss]
-
-        return {"costly": segs(self.costly), "text": segs(self.text),
-                "ready": [segs(r) for r in self.ready], "group": self.group}
+        return {"costly": encode_segments(self.costly), "text": encode_segments(self.text),
+                "ready": [encode_segments(r) for r in self.ready], "group": self.group}
 
     def held_origins(self) -> list[Origin]:
         """Documents held or in ready rows (a split document once)."""
-        seen: dict[int, Origin] = {}
-        for segments in [self.costly, list(self.text), *self.ready]:
-            for seg in segments:
-                seen.setdefault(seg.origin.seq, seg.origin)
-        return list(seen.values())
+        return segment_origins([self.costly, list(self.text), *self.ready])
 
     def restore(self, state: dict, recompute: Recompute) -> None:
-        origins: dict[int, Origin] = {}
-        for raw in [*state["costly"], *state["text"], *(s for r in state["ready"] for s in r)]:
-            origins.setdefault(int(raw[0]), Origin(*raw[:5]))
-        payloads = dict(zip(origins, recompute(list(origins.values())), strict=True))
-
-        def segs(rows: list[list[int]]) -> list[Segment]:
-            return [Segment(Origin(*r[:5]), payloads[int(r[0])], int(r[5]), int(r[6]))
-                    for r in rows]
-
-        self.costly = segs(state["costly"])
-        self.text = deque(segs(state["text"]))
-        self.ready = deque(segs(r) for r in state["ready"])
+        costly, text, *ready = decode_segments(
+            [state["costly"], state["text"], *state["ready"]], recompute)
+        self.costly = costly
+        self.text = deque(text)
+        self.ready = deque(ready)
         self.group = int(state["group"])

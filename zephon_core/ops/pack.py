@@ -35,6 +35,12 @@ from zephon_core.ops.contract import (
     Segment,
     StateChecks,
 )
+from zephon_core.ops.segments import (
+    check_segment_row,
+    decode_segments,
+    encode_segments,
+    segment_origins,
+)
 from zephon_core.records import Dropped, Origin
 
 MODES = ("first_fit", "best_fit")
@@ -133,22 +139,7 @@ class Pack(CombinerOp):
                 raise checks.fail(key, f"holds {len(rows)} open rows, more than "
                                   f"max_open_bins={self.max_open_bins}")
             for row in rows:
-                if not isinstance(row, list):
-                    raise checks.fail(key, "holds a row that is not a list of segments")
-                used = 0
-                for seg in row:
-                    if not (isinstance(seg, list) and len(seg) == 7):
-                        raise checks.fail(key, "holds a segment that is not [origin..., start, "
-                                          "end]")
-                    checks.origin(key, seg[:5])
-                    start, end = seg[5], seg[6]
-                    if not (isinstance(start, int) and isinstance(end, int)
-                            and 0 <= start < end):
-                        raise checks.fail(key, f"holds a segment [{start}, {end})")
-                    used += end - start
-                if used > self.seq_len:
-                    raise checks.fail(key, f"holds a row of {used} tokens, more than "
-                                      f"seq_len={self.seq_len}")
+                check_segment_row(key, row, checks, self.seq_len)
 
     def make(self, lane: int, seed: int) -> Packer:
         return Packer(self)
@@ -280,39 +271,24 @@ class Packer(Combiner):
 
     # --- checkpoint -------------------------------------------------------
     def state(self) -> dict:
-        def segs(ss: list[Segment]) -> list[list[int]]:
-            return [[*s.origin, s.start, s.end] for s in ss]
-
-        return {"bins": [segs(b.segments) for b in self.bins],
-                "ready": [segs(r) for r in self.ready], "truncated": self.truncated}
+        return {"bins": [encode_segments(b.segments) for b in self.bins],
+                "ready": [encode_segments(r) for r in self.ready], "truncated": self.truncated}
 
     def held_origins(self) -> list[Origin]:
         """Documents in open bins or ready rows (a split document once)."""
-        seen: dict[int, Origin] = {}
-        for segments in [b.segments for b in self.bins] + list(self.ready):
-            for seg in segments:
-                seen.setdefault(seg.origin.seq, seg.origin)
-        return list(seen.values())
+        return segment_origins([b.segments for b in self.bins] + list(self.ready))
 
     def restore(self, state: dict, recompute: Recompute) -> None:
-        origins: dict[int, Origin] = {}
-        for rows in [*state["bins"], *state["ready"]]:
-            for r in rows:
-                origins.setdefault(int(r[0]), Origin(*r[:5]))
-        payloads = dict(zip(origins, recompute(list(origins.values())), strict=True))
-
-        def segs(rows: list[list[int]]) -> list[Segment]:
-            return [Segment(Origin(*r[:5]), payloads[int(r[0])], int(r[5]), int(r[6]))
-                    for r in rows]
-
+        nbins = len(state["bins"])
+        groups = decode_segments([*state["bins"], *state["ready"]], recompute)
         self.bins = []
-        for raw in state["bins"]:
-            b = _Bin(segs(raw))
+        for segs in groups[:nbins]:
+            b = _Bin(segs)
             for s in b.segments:
                 for k, v in self._costs(s.payload, s.length).items():
                     b.used[k] = b.used.get(k, 0) + v
             self.bins.append(b)
-        self.ready = deque(segs(r) for r in state["ready"])
+        self.ready = deque(groups[nbins:])
         self.truncated = int(state["truncated"])
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from zephon_core import CheckpointError
 from zephon_core.extend import CHECKPOINT_FORMAT as FORMAT
-from zephon_core.extend import parse_state
+from zephon_core.extend import combiner_state, parse_state, shard_samples
 from zephon_vl.cli.main import command
 from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY
 
@@ -125,7 +125,7 @@ def summarize(state: dict) -> dict:
     totals = []
     for d in fp.get("datasets", []):
         shards = d.get("shards", [])
-        totals.append(sum(int(s.get("num_samples", s.get("samples", 0))) for s in shards))
+        totals.append(sum(int(shard_samples(s) or 0) for s in shards))
     lanes = {}
     for key in sorted(state["lanes"], key=int):
         snap = state["lanes"][key]
@@ -135,7 +135,7 @@ def summarize(state: dict) -> dict:
                   for j, (c, t) in enumerate(zip(counts, totals + [0] * len(counts),
                                                  strict=False))]
         in_flight = sum(len(v) for v in snap.get("pending", {}).values())
-        held = _origins([snap.get("accumulators", {}), snap.get("packer", {})])
+        held = _origins([snap.get("accumulators", {}), combiner_state(snap, {})])
         lanes[key] = {"draws": src.get("draws"), "taken": counts, "epoch": epochs,
                       "rows": snap.get("rows"), "in_flight": in_flight, "buffered": len(held),
                       "pending_drops": len(snap.get("drops", []))}

@@ -146,27 +146,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cores = args.cores or usable_cores()
     slow = m.slowest_stage()
     split = recommend_split(list(m.stages), cores)
-    in_process = sum(s["cpu_s"] for s in stages if s["runner"] == "threads")
-    workers_cpu = sum(s["cpu_s"] for s in stages if s["runner"] in ("threads", "processes"))
-    driver_cpu = max(0.0, proc - in_process)
-    total_cpu = driver_cpu + workers_cpu
-    driver = {"cpu_s": driver_cpu, "samples": m.samples,
-              "cpu_ms_per_sample": 1000 * driver_cpu / max(m.samples, 1),
-              "share": driver_cpu / total_cpu if total_cpu > 0 else 0.0}
+    driver = driver_share(stages, proc, m.samples)
     timeline = slowest_step(steps, events, first)
     print(f"recipe {recipe.name}: {m.steps} steps in {wall:.2f} s ({m.steps / wall:.2f} steps/s, "
           f"{m.samples_per_s:.1f} samples/s, {m.tokens_per_s:.0f} tokens/s), fill {m.fill:.3f}")
-    print(f"{'stage':<32} {'runner':<10} {'workers':>7} {'busy s/step':>11} {'busy %':>7} "
-          f"{'CPU ms/sample':>13}")
-    for s in stages:
-        print(f"{s['name']:<32} {s['runner']:<10} {s['workers']:>7} "
-              f"{s['busy_s'] / m.steps:>11.3f} {100 * s['utilisation']:>6.0f}% "
-              f"{s['cpu_ms_per_sample']:>13.2f}  ({s['cpu_clock']})")
-        if len(s["operators"]) > 1:
-            for op, ms in s["operators"].items():
-                print(f"  {op:<30} {'':<10} {'':>7} {'':>11} {'':>7} {ms:>13.2f}")
+    print_stages(stages, m.steps)
     print(f"driver: {driver['cpu_ms_per_sample']:.2f} ms CPU per delivered sample "
-          f"({driver_cpu:.2f} s for {m.samples} samples), {100 * driver['share']:.0f}% of "
+          f"({driver['cpu_s']:.2f} s for {m.samples} samples), {100 * driver['share']:.0f}% of "
           "the CPU measured")
     if slow is not None:
         print(f"bottleneck: {slow.name!r} ({slow.runner}, {slow.workers} worker(s), "
@@ -180,15 +166,47 @@ def cmd_profile(args: argparse.Namespace) -> int:
               "bottleneck": slow.name if slow else None, "cores": cores,
               "recommended_workers": split, "stages": stages, "driver": driver,
               "slowest_step": timeline}
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.png:
+    write_report(report, args.json, args.png)
+    return 0
+
+
+def write_report(report: dict[str, Any], json_path: str | None, png_path: str | None) -> None:
+    """The report as JSON and as a PNG (`profile_figure`), where asked."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1))
+    if png_path:
         fig = profile_figure(report)
-        fig.savefig(args.png, dpi=100)
+        fig.savefig(png_path, dpi=100)
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-    return 0
+
+
+def driver_share(stages: list[dict[str, Any]], process_cpu_s: float,
+                 samples: int) -> dict[str, float]:
+    """The driver's CPU: this process's over the run less its thread workers', per
+    delivered sample and as a share of all CPU measured (driver + workers)."""
+    in_process = sum(s["cpu_s"] for s in stages if s["runner"] == "threads")
+    workers_cpu = sum(s["cpu_s"] for s in stages if s["runner"] in ("threads", "processes"))
+    driver_cpu = max(0.0, process_cpu_s - in_process)
+    total_cpu = driver_cpu + workers_cpu
+    return {"cpu_s": driver_cpu, "samples": samples,
+            "cpu_ms_per_sample": 1000 * driver_cpu / max(samples, 1),
+            "share": driver_cpu / total_cpu if total_cpu > 0 else 0.0}
+
+
+def print_stages(stages: list[dict[str, Any]], steps: int) -> None:
+    """The stage table: busy time per step, busy share, CPU per sample (per operator of a
+    fused stage too)."""
+    print(f"{'stage':<32} {'runner':<10} {'workers':>7} {'busy s/step':>11} {'busy %':>7} "
+          f"{'CPU ms/sample':>13}")
+    for s in stages:
+        print(f"{s['name']:<32} {s['runner']:<10} {s['workers']:>7} "
+              f"{s['busy_s'] / steps:>11.3f} {100 * s['utilisation']:>6.0f}% "
+              f"{s['cpu_ms_per_sample']:>13.2f}  ({s['cpu_clock']})")
+        if len(s["operators"]) > 1:
+            for op, ms in s["operators"].items():
+                print(f"  {op:<30} {'':<10} {'':>7} {'':>11} {'':>7} {ms:>13.2f}")
 
 
 def profile_figure(report: dict[str, Any]) -> Any:
