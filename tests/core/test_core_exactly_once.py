@@ -64,7 +64,7 @@ def record_end(ledger: Ledger, loader, owner: dict[Origin, int], *, held: bool) 
         if run.finished:
             assert not inside, f"lane {run.lane} finished with elements inside: {inside[:5]}"
         ledger.remainder.update((run.lane, Origin(*o)) for o in inside)
-        drawn = run.source.state.draws
+        drawn = run.stats().drawn
         ledger.remainder.update((run.lane, o) for o, ln in owner.items() if ln == run.lane
                                 and o.seq >= drawn)
 

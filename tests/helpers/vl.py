@@ -157,10 +157,9 @@ def leftovers(loader: Loader) -> tuple[list[Row], list[tuple[Origin, str]]]:
     rows: list[Row] = []
     drops: list[tuple[Origin, str]] = []
     for run in loader._runs:
-        for row, _ in run.rows:
-            rows.append(row)
-            drops += row.drops
-        drops += list(run.pending_drops)
+        rest = run.leftover()
+        rows += rest.rows
+        drops += [*rest.drops, *rest.after]
     return rows, drops
 
 

@@ -66,7 +66,7 @@ class Backlog:
         #: group, so that such a lane still sends full groups to its workers
         self.first_group = first_group
         self.documents = 0
-        self.lanes: Sequence[_Lane] = ()
+        self._lanes: Sequence[_Lane] = ()
         self.largest = 0
         self.peak = 0
         self._added = 0
@@ -87,6 +87,11 @@ class Backlog:
             while freed:
                 self._freed_total += freed.popleft()
             return self._added - self._freed_total
+
+    def serve(self, lanes: Sequence[_Lane]) -> None:
+        """The lanes whose in-flight work `admits` prices: every lane of the rank, replacing
+        those before (a restore builds new lanes; the old ones' work is abandoned)."""
+        self._lanes = lanes
 
     def track(self, payload: Any) -> None:
         """Count a finished document until its arrays are garbage."""
@@ -113,7 +118,7 @@ class Backlog:
         `needy`: the next step still waits for its rows."""
         if self.limit is None:
             return True
-        in_transforms = sum(lane.transforming for lane in self.lanes)
+        in_transforms = sum(lane.transforming for lane in self._lanes)
         if self.documents:
             fits = self.held + (in_transforms + 1) * self.largest <= self.limit
         else:  # nothing finished yet, so no size to price the in-flight work at: one group

@@ -181,7 +181,7 @@ class Loader(BackgroundSteps):
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
-        self.backlog.lanes = self._runs
+        self.backlog.serve(self._runs)
         self._snapshots = {run.lane: run.snapshot() for run in self._runs} \
             if snapshots is None else dict(snapshots)
 
@@ -232,9 +232,10 @@ class Loader(BackgroundSteps):
 
     def stall_report(self, seconds: float) -> str:
         """The watchdog's log line: how long without a row, and each lane's drops by reason."""
+        stats = [run.stats() for run in self._runs]
         lanes = "; ".join(
-            f"lane {run.lane}: {run.draws_since_row} drawn since its last row, drops "
-            f"{dict(sorted(run.dropped.items())) or 'none'}" for run in self._runs)
+            f"lane {s.lane}: {s.draws_since_row} drawn since its last row, drops "
+            f"{dict(sorted(s.dropped.items())) or 'none'}" for s in stats)
         hints = sorted({h for run in self._runs for h in run.drop_hints()})
         why = ("; ".join(hints) if hints else "many drops mean the data does not fit the "
                "recipe, none mean slow reads or workers (see explain())")
@@ -245,45 +246,57 @@ class Loader(BackgroundSteps):
         """Run the lanes until each has `r` more rows; take them (driver thread only)."""
         t = self._produced
         r = self.batches.r_at(t)
-        ahead = self.execution.prefetch_steps
-        for run in self._runs:
-            run.want_rows = self.batches.rows_before(t + 1 + ahead)
-        stall = self.execution.stall_seconds
-        made, since = -1, 0.0
-        while not (full := all(len(run.rows) >= r for run in self._runs)):
-            if any(run.finished and len(run.rows) < r for run in self._runs):
-                break
-            self._pump_lanes()
-            if stall is not None:
-                now, rows = time.monotonic(), sum(run.rows_emitted for run in self._runs)
-                if rows != made:
-                    made, since = rows, now
-                elif now - since >= stall:
-                    log.warning("%s", self.stall_report(now - since))
-                    since = now
+        self._request(t + 1)
+        full = self._fill(r)
         if not self._every_rank_has_a_batch(full):
-            self.end_of_data = [(run.lane, len(run.rows)) for run in self._runs]
+            self.end_of_data = [(run.lane, run.ready()) for run in self._runs]
             return None
         rows: list[Row] = []
         drops: list[tuple[Origin, str]] = []
         snaps: dict[int, dict] = {}
         for run in self._runs:
-            taken = [run.rows.popleft() for _ in range(r)]
-            rows += [row for row, _ in taken]
-            drops += [d for row, _ in taken for d in row.drops]
-            snaps[run.lane] = taken[-1][1]
+            taken = run.take(r)
+            rows += taken.rows
+            drops += taken.drops
+            assert taken.snapshot is not None, "a step's last row carries the lane's snapshot"
+            snaps[run.lane] = taken.snapshot
+        self._request(t + 2)
         for run in self._runs:
-            run.want_rows = self.batches.rows_before(t + 2 + ahead)
             run.pump()
         meta = StepMeta(self._produced, list(self.lanes),
                         [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
                         drops)
         if self.digests:
-            phase_of = ({run.lane: run.gate.phase_of for run in self._runs if run.gate}
+            phase_of = ({run.lane: run.phase_of for run in self._runs if run.phase_of}
                         if self.recipe.schedule() else None)
             meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1
         return Step(rows, snaps, meta)
+
+    def _request(self, steps: int) -> None:
+        """Ask every lane for the rows of the first `steps` steps plus the prefetched ones
+        (`Execution.prefetch_steps`): lanes draw ahead by that much and no more."""
+        rows = self.batches.rows_before(steps + self.execution.prefetch_steps)
+        for run in self._runs:
+            run.request(rows)
+
+    def _fill(self, r: int) -> bool:
+        """Pump until every lane has `r` ready rows (True) or one has finished short
+        (False); log the stall report while no lane makes a row."""
+        stall = self.execution.stall_seconds
+        made, since = -1, 0.0
+        while not (full := all(run.ready() >= r for run in self._runs)):
+            if any(run.finished and run.ready() < r for run in self._runs):
+                break
+            self._pump_lanes()
+            if stall is not None:
+                now, rows = time.monotonic(), sum(run.stats().rows_made for run in self._runs)
+                if rows != made:
+                    made, since = rows, now
+                elif now - since >= stall:
+                    log.warning("%s", self.stall_report(now - since))
+                    since = now
+        return full
 
     def _every_rank_has_a_batch(self, full: bool) -> bool:
         """With finite data, the run ends at the first step *any* rank cannot fill.
@@ -314,11 +327,12 @@ class Loader(BackgroundSteps):
         Together with every `last_meta` of the run, this accounts for every
         element the lanes consumed (exactly once, guarantee 5).
         """
-        rows = [row for run in self._runs for row, _ in run.rows]
+        rest = [run.leftover() for run in self._runs]
         return {
-            "rows": [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
-            "drops": [d for row in rows for d in row.drops]
-                     + [d for run in self._runs for d in run.pending_drops],
+            "rows": [[(s.origin, s.start, s.end) for s in row.segments]
+                     for taken in rest for row in taken.rows],
+            "drops": [d for taken in rest for d in taken.drops]
+                     + [d for taken in rest for d in taken.after],
             "held": [o for run in self._runs for o in run.held_origins()],
         }
 
@@ -350,9 +364,7 @@ class Loader(BackgroundSteps):
                 per_lane[lane] += step.rows[k * r:(k + 1) * r]
         try:
             for run in self._runs:
-                if self.recipe.epochs is None:
-                    run.stop_drawing()
-                run.want_rows = 1 << 62
+                run.finish(stop_drawing=self.recipe.epochs is None)
             while not all(run.finished for run in self._runs):
                 self._pump_lanes()
         except BaseException as exc:
@@ -362,12 +374,12 @@ class Loader(BackgroundSteps):
         lanes: list[int] = []
         drops: list[tuple[Origin, str]] = []
         for run in self._runs:
-            mine = per_lane[run.lane] + [row for row, _ in run.rows]
-            run.rows.clear()
+            rest = run.take_rest()
+            mine = per_lane[run.lane] + rest.rows
             rows += mine
             lanes += [run.lane] * len(mine)
-            drops += [d for row in mine for d in row.drops] + run.pending_drops
-            run.pending_drops = []
+            drops += [d for row in per_lane[run.lane] for d in row.drops]
+            drops += [*rest.drops, *rest.after]
         return Drained(rows, lanes, drops)
 
     def _deliver(self, step: Step) -> None:

@@ -104,6 +104,11 @@ class BalancedPack(CombinerOp):
                            "rows_per_group (G / L rows, one lane's step) balanced to the lane's "
                            "cost target, and no rule re-deals its groups and buffers over other "
                            "lanes (a run whose lane count will change packs with Pack)")
+    over_length_hint = ("seq_len {seq_len} is smaller than these samples: raise the context "
+                        "length (TorchTitan: --training.seq_len), make images smaller "
+                        "(max_pixels; --dataloader.max_pixels), or split long text documents "
+                        "(split_text=True; a document with images is never cut)")
+    settings_hint = "for BalancedPack: seq_len, limits, split_text"
 
     def __init__(self, seq_len: int, cost: str, budget: float, rows_per_group: int = 1,
                  heavy_every: int = 0, heavy_budget: float = 0.0, lookahead: int = 4,

@@ -192,6 +192,13 @@ class CombinerOp(StatefulOp):
     #: why this combiner cannot be re-dealt over another lane count (and what to use instead),
     #: for the refusal's message when it does not implement `rows_in_state`
     lane_change_refusal: str = ""
+    #: what to change when the lane drops every sample as longer than a row (``{seq_len}``
+    #: is filled in): the combiner knows its settings and where users set them, the engine
+    #: does not
+    over_length_hint: str = ("seq_len {seq_len} is smaller than these samples: raise the "
+                             "context length")
+    #: the settings to check when the lane draws on and on without a row, e.g. ``"seq_len"``
+    settings_hint: str = ""
 
     @abstractmethod
     def make(self, lane: int, seed: int) -> Combiner: ...

@@ -98,6 +98,12 @@ class RowFiller:
 class Pack(CombinerOp):
     """Pack documents into rows of `seq_len` tokens, per lane (the usual combiner)."""
 
+    over_length_hint = ("seq_len {seq_len} is smaller than these samples: raise the context "
+                        "length (TorchTitan: --training.seq_len), make images smaller "
+                        "(max_pixels; --dataloader.max_pixels), or truncate long text "
+                        "documents (overlong='truncate'; a document with images is never cut)")
+    settings_hint = "for Pack: seq_len, limits, overlong"
+
     def __init__(self, seq_len: int, mode: str = "best_fit", max_open_bins: int = 4,
                  overlong: str = "split", limits: dict[str, int] | None = None,
                  pad_id: int = 0, name: str = "pack", filler: RowFiller | None = None) -> None:
