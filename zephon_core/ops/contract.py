@@ -197,7 +197,8 @@ class CombinerOp(StatefulOp):
     #: does not
     over_length_hint: str = ("seq_len {seq_len} is smaller than these samples: raise the "
                              "context length")
-    #: the settings to check when the lane draws on and on without a row, e.g. ``"seq_len"``
+    #: the settings to check when the lane draws on and on without a row, e.g.
+    #: ``"for Pack: seq_len, limits, overlong"``
     settings_hint: str = ""
 
     @abstractmethod
