@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "WAIT_WARN_SHARE": "zephon_core.engine.metrics",
     "recorder_for": "zephon_core.engine.metrics",
     "split_workers": "zephon_core.engine.autoscale",
+    # the batch geometry rule (G a multiple of L, D dividing L), for the adapters
+    "check_lane_geometry": "zephon_core.spec",
     # shared-memory transport (benchmarks/breakdown.py measures it)
     "SegmentPool": "zephon_core.engine.shm",
     "Packed": "zephon_core.engine.shm",

@@ -33,6 +33,33 @@ class TextCollate:
 Collate = Callable[[list[Row]], dict[str, Any]]
 
 
+def check_lane_geometry(num_lanes: int, global_batch_size: int | None = None,
+                        dp_world_size: int | None = None, *, where: str = "",
+                        hint: str = "") -> None:
+    """The one rule of batch geometry, for the recipe, a batch-size change and the adapters:
+    every lane gives ``G / L`` whole rows per step (G a positive multiple of L) and every
+    rank owns whole lanes (D divides L). `where` names the source of `G`; `hint` (the
+    adapter's flag) ends the message about D."""
+    L = num_lanes
+    if not isinstance(L, int) or L < 1:
+        raise ConfigError(f"num_lanes must be >= 1, got {L!r}")
+    if dp_world_size is not None and (dp_world_size < 1 or L % dp_world_size):
+        D = dp_world_size
+        divisors = [d for d in range(1, L + 1) if L % d == 0]
+        raise ConfigError(
+            f"{D} data-parallel ranks cannot share num_lanes={L} evenly: the rank count must "
+            f"divide the lane count. Use D in {divisors}, or a lane count that is a multiple "
+            f"of every rank count you will run at (e.g. 64){hint}")
+    G = global_batch_size
+    if G is None:
+        return
+    if not isinstance(G, int) or G < 1:
+        raise ConfigError(f"global_batch_size={G!r}{where} must be an int >= 1")
+    if G % L:
+        raise ConfigError(f"global_batch_size={G}{where} is not a multiple of num_lanes={L} "
+                          f"(G % L = {G % L}): every lane gives G / L rows per step")
+
+
 @dataclass
 class Recipe:
     """Datasets, operators (ending with a `CombinerOp` such as `Pack`), batch geometry and seed.
@@ -69,12 +96,7 @@ class Recipe:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"the combiner {self.ops[-1].name!r} must set seq_len (tokens per "
                               f"row) to a positive int, got {seq_len!r}")
-        if self.num_lanes < 1:
-            raise ConfigError(f"num_lanes must be >= 1, got {self.num_lanes}")
-        if self.global_batch_size < 1 or self.global_batch_size % self.num_lanes:
-            raise ConfigError(
-                f"global_batch_size ({self.global_batch_size}) must be a positive multiple of "
-                f"num_lanes ({self.num_lanes}): each lane gives the same number of rows per step")
+        check_lane_geometry(self.num_lanes, self.global_batch_size)
         self.phases = [p if isinstance(p, Phase) else Phase(**p) for p in self.phases]
         if not isinstance(self.phase_lag, int) or self.phase_lag < 0:
             raise ConfigError(f"phase_lag must be an int >= 0, got {self.phase_lag!r}")
@@ -82,9 +104,7 @@ class Recipe:
             raise ConfigError(f"mix_by must be 'samples' or 'tokens', got {self.mix_by!r}")
         self.schedule()  # refuses a bad schedule now, not at the first step
         for step, g in self.batch_sizes():
-            if not isinstance(g, int) or g < 1 or g % self.num_lanes:
-                raise ConfigError(f"phase at step {step}: global_batch_size ({g}) must be a "
-                                  f"positive multiple of num_lanes ({self.num_lanes})")
+            check_lane_geometry(self.num_lanes, g, where=f" (phase at step {step})")
         if self.collate is None:
             self.collate = TextCollate(self.seq_len, self.combiner.pad_id)
 
@@ -120,12 +140,7 @@ class Recipe:
     def lanes_of(self, dp_rank: int, dp_world_size: int) -> list[int]:
         """Contiguous lanes of a rank: `[d*L/D, (d+1)*L/D)`."""
         L, D = self.num_lanes, dp_world_size
-        if D < 1 or L % D:
-            divisors = [d for d in range(1, L + 1) if L % d == 0]
-            raise ConfigError(
-                f"{D} data-parallel ranks cannot share {L} lanes evenly: the rank count must "
-                f"divide the lane count. With L={L}, use D in {divisors}, or choose a lane "
-                "count that is a multiple of your rank counts (e.g. 64)")
+        check_lane_geometry(L, dp_world_size=D)
         if not 0 <= dp_rank < D:
             raise ConfigError(f"dp_rank {dp_rank} is outside [0, {D})")
         per = L // D

@@ -38,7 +38,7 @@ from zephon_core import (
     load_tokenizer,
 )
 from zephon_core.extend import dataset_format, dataset_reader, settings_from_table
-from zephon_vl.families.base import VisionFamily
+from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
@@ -94,34 +94,19 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ``kimi_k2_5``, the bundled Qwen vocabulary otherwise).
     """
     family = vision_family(family)
-    if tokenizer is None:
-        tokenizer = family.tokenizer_dir()
+    tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    if image_every_row is None:
-        image_every_row = family.image_every_row
-    datasets, wants_image = _datasets(shards, weights, index_cache, image_every_row)
+    datasets, wants_image = _datasets(shards, weights, index_cache, family.image_every_row
+                                      if image_every_row is None else image_every_row)
     special = family.special_tokens(load_tokenizer(tokenizer))
     framing = family.framing(chat)
-    limits = {key: value for key, value in (("vision_tokens", max_vision_tokens),
-                                            ("images", max_images)) if value is not None}
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
-    filler = None
-    if any(wants_image):
-        filler = image_filler(image, family, special)
-        if not all(wants_image):
-            filler = dataclasses.replace(filler, datasets=frozenset(
-                i for i, wants in enumerate(wants_image) if wants))
     packer = _packer(pack_mode, balance, seq_len, max(1, global_batch_size // num_lanes),
-                     max_open_bins, limits, special.pad, filler)
-    ops += [
-        Read([d.reader for d in datasets], on_error=on_error),
-        DecodeVision(image, video, on_error=on_error),
-        TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
-                           overlong="truncate" if overlong == "truncate" else "drop",
-                           on_error=on_error, family=family, chat=framing),
-        packer,
-    ]
+                     max_open_bins, _limits(max_vision_tokens, max_images), special.pad,
+                     _filler(image, family, special, wants_image))
+    ops += [*_stages(datasets, image, video, tokenizer, seq_len, overlong, on_error, family,
+                     framing), packer]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=shuffle or ShuffleSettings(), name=name,
                   collate=VLCollate(seq_len, image, special, family),
@@ -165,6 +150,39 @@ def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool
     if not isinstance(wants, bool):
         raise ConfigError(f"image_every_row must be true or false, got {wants!r}")
     return given, wants
+
+
+def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings | None,
+            tokenizer: str | os.PathLike, seq_len: int, overlong: str, on_error: str,
+            family: VisionFamily, framing: ChatFraming) -> list[Any]:
+    """The per-sample operators between the shuffle and the packer: read through each
+    dataset's format, decode the vision inputs, tokenize with vision tokens."""
+    return [
+        Read([d.reader for d in datasets], on_error=on_error),
+        DecodeVision(image, video, on_error=on_error),
+        TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
+                           overlong="truncate" if overlong == "truncate" else "drop",
+                           on_error=on_error, family=family, chat=framing),
+    ]
+
+
+def _limits(max_vision_tokens: int | None, max_images: int | None) -> dict[str, int]:
+    """The per-row limits the packer keeps (a None limit is no limit)."""
+    return {key: value for key, value in (("vision_tokens", max_vision_tokens),
+                                          ("images", max_images)) if value is not None}
+
+
+def _filler(image: ImageSettings, family: VisionFamily, special: SpecialTokens,
+            wants_image: list[bool]) -> Any:
+    """The placeholder image for rows without one, limited to the datasets that want it
+    (None when none does)."""
+    if not any(wants_image):
+        return None
+    filler = image_filler(image, family, special)
+    if not all(wants_image):
+        filler = dataclasses.replace(filler, datasets=frozenset(
+            i for i, wants in enumerate(wants_image) if wants))
+    return filler
 
 
 def _packer(pack_mode: str, balance: BalanceSettings | Mapping[str, Any] | None, seq_len: int,

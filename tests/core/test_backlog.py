@@ -3,11 +3,14 @@ lanes hold, by backpressure: the batches never change, across D and resumes."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import weakref
 from multiprocessing import resource_tracker
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -123,3 +126,38 @@ def test_a_closed_loader_leaves_no_lane_memory_or_file_descriptor(runner):
     gc.collect()
     assert [lane() for lane in lanes] == [None] * len(lanes)
     assert _open_fds() == before
+
+
+@dataclasses.dataclass(frozen=True)
+class Pixels:
+    """A dataclass that holds a document's array (as `VisionPatches` does)."""
+
+    values: np.ndarray
+
+
+class Frames(NamedTuple):
+    values: np.ndarray
+
+
+def ballast_in_dataclass(payload: dict) -> dict:
+    out = with_ballast(payload)
+    out["ballast"] = Pixels(out["ballast"])
+    return out
+
+
+def ballast_in_namedtuple(payload: dict) -> dict:
+    out = with_ballast(payload)
+    out["ballast"] = [Frames(out["ballast"])]
+    return out
+
+
+@pytest.mark.parametrize("map_fn", [ballast_in_dataclass, ballast_in_namedtuple])
+def test_arrays_inside_records_are_counted(map_fn):
+    """The backlog counts an array inside a dataclass or NamedTuple, as the shared-memory
+    transport moves it: the same bytes as the bare array, the same batches."""
+    free = Execution(runner="inline", backlog_bytes=None)
+    digests, peak = run(SPEC, 1, free)
+    wrapped = SPEC.but(map_fn=map_fn)
+    assert run(wrapped, 1, free)[1] == peak
+    tight = Execution(runner="inline", backlog_bytes=6 * BALLAST)
+    assert run(wrapped, 1, tight)[0] == reference_digests(wrapped, STEPS)

@@ -33,7 +33,10 @@ def batch_digest(batch: Mapping[str, Any]) -> str:
 
 
 def _feed(h: Any, obj: Any) -> None:
-    """Feed `obj` to `h` in a canonical, type-tagged byte layout (containers recursively)."""
+    """Feed `obj` to `h` in a canonical, type-tagged byte layout (containers recursively).
+
+    Not `common.leaves`: every value is tagged, not only arrays, and the layout (a dataclass
+    as its repr) is frozen by the recorded digests."""
     if isinstance(obj, np.ndarray) or hasattr(obj, "detach"):
         a = _as_numpy(obj)
         h.update(f"A{a.dtype.name}|{','.join(map(str, a.shape))}|".encode())

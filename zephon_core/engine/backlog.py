@@ -27,10 +27,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from zephon_core.common.leaves import iter_leaves
 
 #: arrays smaller than this are not worth a finalizer (shm.MIN_BYTES: they travel pickled)
 MIN_TRACKED = 4096
@@ -41,15 +43,8 @@ class _Lane(Protocol):
     transforming: int
 
 
-def _arrays(obj: Any) -> Iterator[np.ndarray]:
-    if isinstance(obj, np.ndarray):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _arrays(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _arrays(v)
+def _is_array(obj: Any) -> bool:
+    return isinstance(obj, np.ndarray)
 
 
 class Backlog:
@@ -96,7 +91,7 @@ class Backlog:
     def track(self, payload: Any) -> None:
         """Count a finished document until its arrays are garbage."""
         size = fresh = 0
-        for a in _arrays(payload):
+        for a in iter_leaves(payload, _is_array):
             if a.nbytes < MIN_TRACKED:
                 continue
             size += a.nbytes

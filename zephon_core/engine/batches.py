@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zephon_core.errors import ConfigError
+from zephon_core.spec import check_lane_geometry
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,7 @@ class BatchSchedule:
         events = sorted([(s, 0, g) for s, g in phases] + [(s, 1, g) for s, g in resumes])
         out: list[tuple[int, int]] = [(0, base)]
         for step, _, g in events:
-            if g < 1 or g % num_lanes:
-                raise ConfigError(f"global_batch_size {g} (from step {step}) must be a positive "
-                                  f"multiple of num_lanes ({num_lanes})")
+            check_lane_geometry(num_lanes, g, where=f" (from step {step})")
             if out[-1][0] == step:
                 out[-1] = (step, g)
             else:

@@ -29,7 +29,6 @@ one (`sweep_orphans`).
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import itertools
@@ -44,6 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zephon_core.common.leaves import SCALARS, map_leaves
 from zephon_core.records import Origin, Pointer
 
 SHM_DIR = Path("/dev/shm")
@@ -98,27 +98,7 @@ def available() -> bool:
 
 
 #: types that are never a leaf nor hold one (most of a message's values), answered first
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), Origin, Pointer})
-
-
-def _walk(obj: Any, is_leaf, fn) -> Any:
-    """Rebuild `obj` with `fn` applied to every leaf for which `is_leaf` holds."""
-    if type(obj) in _PLAIN:
-        return obj
-    if is_leaf(obj):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _walk(v, is_leaf, fn) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_walk(v, is_leaf, fn) for v in obj]
-    if type(obj) is tuple:
-        return tuple(_walk(v, is_leaf, fn) for v in obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_walk(v, is_leaf, fn) for v in obj))
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _walk(getattr(obj, f.name), is_leaf, fn)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
+_PLAIN = SCALARS | {Origin, Pointer}
 
 
 def _is_array(obj: Any) -> bool:
@@ -144,7 +124,7 @@ def _collect(obj: Any) -> tuple[Any, list[np.ndarray], int]:
         offset += _aligned(a.nbytes)
         return ref
 
-    body = _walk(obj, _is_array, take)
+    body = map_leaves(obj, _is_array, take, _PLAIN)
     return body, arrays, offset
 
 
@@ -384,7 +364,7 @@ def unpack(packed: Packed | PackedList, on_release: Callable[[str], None] | None
         a = np.frombuffer(mm, np.dtype(ref.dtype), count, ref.offset).reshape(ref.shape)
         return a.copy() if copy else a
 
-    out = _walk(packed.body, _is_ref, give)
+    out = map_leaves(packed.body, _is_ref, give, _PLAIN)
     if copy:
         mm.close()
         on_release(packed.segment)
@@ -402,7 +382,7 @@ def _views(packed: Packed, mm: mmap.mmap, on_release: Callable[[str], None]) -> 
         end = ref.offset + int(np.prod(ref.shape, dtype=np.int64)) * dtype.itemsize
         return whole[ref.offset:end].view(dtype).reshape(ref.shape)
 
-    return _walk(packed.body, _is_ref, give)
+    return map_leaves(packed.body, _is_ref, give, _PLAIN)
 
 
 class _MappingBudget:

@@ -47,21 +47,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import (
-    Combiner,
-    CombinerOp,
-    Recompute,
-    Row,
-    Segment,
-    StateChecks,
-)
-from zephon_core.ops.pack import FILLER_ORIGIN, RowFiller
+from zephon_core.ops.contract import Recompute, Segment, StateChecks
+from zephon_core.ops.rowpack import RowFiller, RowPacker, RowPackOp
 from zephon_core.ops.segments import (
     check_segment,
     check_segment_row,
     decode_segments,
     encode_segments,
-    segment_origins,
 )
 from zephon_core.records import Dropped, Origin
 
@@ -97,7 +89,7 @@ class BalanceSettings:
     split_text: bool = True
 
 
-class BalancedPack(CombinerOp):
+class BalancedPack(RowPackOp):
     """Rows whose `cost` per lane and step follows one target for every lane (see module doc)."""
 
     lane_change_refusal = ("balanced packing makes each lane's rows in groups of "
@@ -126,10 +118,7 @@ class BalancedPack(CombinerOp):
             raise ConfigError(f"balanced packing tolerance must be in [0, 0.5), got {tolerance}")
         if heavy_every == 1 or heavy_every < 0:
             raise ConfigError(f"heavy_every must be 0 (off) or >= 2, got {heavy_every}")
-        if filler is not None and filler.num_tokens >= seq_len:
-            raise ConfigError(f"the row filler takes {filler.num_tokens} tokens, no room left "
-                              f"in seq_len={seq_len}")
-        self.seq_len = seq_len
+        self._set_rows(seq_len, limits, pad_id, name, filler)
         self.cost = cost
         self.budget = float(budget)
         self.rows_per_group = rows_per_group
@@ -138,10 +127,6 @@ class BalancedPack(CombinerOp):
         self.lookahead = lookahead
         self.tolerance = float(tolerance)
         self.split_text = split_text
-        self.limits = dict(limits or {})
-        self.pad_id = pad_id
-        self.name = name
-        self.filler = filler
         mean = self.budget * rows_per_group
         if heavy_every:
             light = (heavy_every * mean - self.heavy_budget) / (heavy_every - 1)
@@ -161,14 +146,12 @@ class BalancedPack(CombinerOp):
         return self.light
 
     def settings(self) -> dict:
-        out = {"mode": "balanced", "seq_len": self.seq_len, "cost": self.cost,
-               "budget": self.budget, "rows_per_group": self.rows_per_group,
-               "heavy_every": self.heavy_every, "heavy_budget": self.heavy_budget,
-               "lookahead": self.lookahead, "tolerance": self.tolerance,
-               "split_text": self.split_text, "limits": self.limits, "pad_id": self.pad_id}
-        if self.filler is not None:
-            out["filler"] = self.filler.settings()
-        return out
+        return self._with_filler({
+            "mode": "balanced", "seq_len": self.seq_len, "cost": self.cost,
+            "budget": self.budget, "rows_per_group": self.rows_per_group,
+            "heavy_every": self.heavy_every, "heavy_budget": self.heavy_budget,
+            "lookahead": self.lookahead, "tolerance": self.tolerance,
+            "split_text": self.split_text, "limits": self.limits, "pad_id": self.pad_id})
 
     def check_state(self, state: Any, checks: StateChecks) -> None:
         super().check_state(state, checks)
@@ -191,8 +174,10 @@ class BalancedPack(CombinerOp):
         return BalancedPacker(self)
 
 
-class BalancedPacker(Combiner):
+class BalancedPacker(RowPacker):
     """The per-lane state of `BalancedPack`."""
+
+    op: BalancedPack
 
     def __init__(self, op: BalancedPack) -> None:
         self.op = op
@@ -214,20 +199,15 @@ class BalancedPacker(Combiner):
     def _held_text(self) -> int:
         return sum(s.length for s in self.text)
 
-    def _filler_tokens(self) -> int:
-        return self.op.filler.num_tokens if self.op.filler is not None else 0
-
     # --- the contract -----------------------------------------------------------
     def push(self, origin: Origin, payload: dict) -> Dropped | None:
         """Hold one document; make every group the held documents allow."""
         n = len(payload["tokens"])
         S = self.op.seq_len
-        if n == 0:
-            return Dropped("empty")
         costs = self._costs(payload)
-        over = [k for k, v in costs.items() if v > self.op.limits.get(k, 1 << 62)]
-        if over:
-            return Dropped(f"over_limit:{over[0]}", f"{costs[over[0]]} > {self.op.limits[over[0]]}")
+        refused = self._refuse(n, costs)
+        if refused is not None:
+            return refused
         seg = Segment(origin, payload, 0, n)
         if costs.get(self.op.cost, 0) > 0:
             if not self._fits_alone(seg):
@@ -261,16 +241,6 @@ class BalancedPacker(Combiner):
     def flush(self) -> None:
         while self.costly or self.text:
             self._make_group(final=True)
-
-    def pop_row(self) -> Row | None:
-        """The oldest made row; a row without cost gets the filler (as in `Pack`)."""
-        if not self.ready:
-            return None
-        segments = self.ready.popleft()
-        filler = self.op.filler
-        if filler is not None and filler.wanted(segments):
-            segments = [*segments, Segment(FILLER_ORIGIN, filler.payload, 0, filler.num_tokens)]
-        return Row(segments)
 
     # --- one group: the rows of one lane at one step ---------------------------------
     def _target(self) -> float:
@@ -359,16 +329,11 @@ class BalancedPacker(Combiner):
         self.ready.extend(rows)
         self.group += 1
 
-    def _reserve(self, used: dict[str, int]) -> int:
-        """Tokens a row with `used` keeps free for the filler (it gets one when popped)."""
-        filler = self.op.filler
-        return filler.num_tokens if filler is not None and not used.get(filler.cost) else 0
-
     def _fits(self, used: dict[str, int], costs: dict[str, int]) -> bool:
         after = {k: used.get(k, 0) + costs.get(k, 0) for k in set(used) | set(costs)}
         if after["tokens"] + self._reserve(after) > self.op.seq_len:
             return False
-        return all(v <= self.op.limits.get(k, 1 << 62) for k, v in after.items() if k != "tokens")
+        return all(v <= self._limit(k) for k, v in after.items() if k != "tokens")
 
     def _fits_alone(self, seg: Segment) -> bool:
         return self._fits({}, {"tokens": seg.length, **self._costs(seg.payload)})
@@ -404,9 +369,8 @@ class BalancedPacker(Combiner):
         return {"costly": encode_segments(self.costly), "text": encode_segments(self.text),
                 "ready": [encode_segments(r) for r in self.ready], "group": self.group}
 
-    def held_origins(self) -> list[Origin]:
-        """Documents held or in ready rows (a split document once)."""
-        return segment_origins([self.costly, list(self.text), *self.ready])
+    def _held(self) -> list[list[Segment]]:
+        return [self.costly, list(self.text), *self.ready]
 
     def restore(self, state: dict, recompute: Recompute) -> None:
         costly, text, *ready = decode_segments(

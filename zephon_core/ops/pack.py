@@ -11,11 +11,9 @@ to the first bin it fits (``first_fit``) or the bin it fills best
 closed and becomes a row. Rows hold *segments* (origin, start, end) of
 documents, so the state is a list of origins and slices.
 
-A `RowFiller` makes a per-row rule of "every row has at least one unit of
-`cost`" (guarantee 10: every row carries an image): a row that closes with
-none gets the filler document appended as its own segment, and the room for
-it is kept free while the row fills. The filler is a pure function of the
-row, so it is not in the checkpoint: it is added when the row is popped.
+A `RowFiller` (`ops.rowpack`, shared with `BalancedPack`) puts an image in
+every row: the room for it is kept free while a row fills, and it is added
+when the row is popped.
 """
 
 from __future__ import annotations
@@ -27,20 +25,9 @@ from typing import Any
 import numpy as np
 
 from zephon_core.errors import ConfigError
-from zephon_core.ops.contract import (
-    Combiner,
-    CombinerOp,
-    Recompute,
-    Row,
-    Segment,
-    StateChecks,
-)
-from zephon_core.ops.segments import (
-    check_segment_row,
-    decode_segments,
-    encode_segments,
-    segment_origins,
-)
+from zephon_core.ops.contract import Recompute, Row, Segment, StateChecks
+from zephon_core.ops.rowpack import FILLER_ORIGIN, RowFiller, RowPacker, RowPackOp
+from zephon_core.ops.segments import check_segment_row, decode_segments, encode_segments
 from zephon_core.records import Dropped, Origin
 
 MODES = ("first_fit", "best_fit")
@@ -51,51 +38,7 @@ IGNORE_INDEX = -100
 __all__ = ["FILLER_ORIGIN", "IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "Packer", "Row",
            "RowFiller", "Segment", "text_row_arrays"]
 
-#: The origin of filler segments: no dataset, so no ledger counts it as a sample.
-FILLER_ORIGIN = Origin(-1, -1, -1, -1, -1)
-
-
-@dataclass(frozen=True)
-class RowFiller:
-    """A fixed document appended to each row whose total `cost` is 0.
-
-    `payload` is a document like any other (``tokens``, ``targets``,
-    ``costs``; its ``costs[cost]`` must be >= 1). `fingerprint` identifies its
-    content in checkpoint fingerprints (the payload may hold arrays).
-    `datasets`: only a row with a document of one of these datasets (by index)
-    gets it; None: every row. Room for it is kept in every row either way.
-    """
-
-    cost: str
-    payload: dict
-    fingerprint: str
-    datasets: frozenset[int] | None = None
-
-    def wanted(self, segments: list[Segment]) -> bool:
-        """True when the row of `segments` gets the filler: none has the cost, and
-        (with `datasets`) one comes from a dataset that wants it."""
-        if any(int((s.payload.get("costs") or {}).get(self.cost, 0)) for s in segments):
-            return False
-        return self.datasets is None or any(s.origin.dataset in self.datasets
-                                            for s in segments)
-
-    def __post_init__(self) -> None:
-        if int((self.payload.get("costs") or {}).get(self.cost, 0)) < 1:
-            raise ConfigError(f"a row filler for {self.cost!r} must itself have "
-                              f"costs[{self.cost!r}] >= 1")
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.payload["tokens"])
-
-    def settings(self) -> dict:
-        out = {"cost": self.cost, "tokens": self.num_tokens, "fingerprint": self.fingerprint}
-        if self.datasets is not None:
-            out["datasets"] = sorted(self.datasets)
-        return out
-
-
-class Pack(CombinerOp):
+class Pack(RowPackOp):
     """Pack documents into rows of `seq_len` tokens, per lane (the usual combiner)."""
 
     over_length_hint = ("seq_len {seq_len} is smaller than these samples: raise the context "
@@ -113,24 +56,15 @@ class Pack(CombinerOp):
             raise ConfigError(f"pack overlong must be one of {OVERLONG}, got {overlong!r}")
         if seq_len < 2 or max_open_bins < 1:
             raise ConfigError("pack needs seq_len >= 2 and max_open_bins >= 1")
-        if filler is not None and filler.num_tokens >= seq_len:
-            raise ConfigError(f"the row filler takes {filler.num_tokens} tokens, no room left "
-                              f"in seq_len={seq_len}")
-        self.seq_len = seq_len
+        self._set_rows(seq_len, limits, pad_id, name, filler)
         self.mode = mode
         self.max_open_bins = max_open_bins
         self.overlong = overlong
-        self.limits = dict(limits or {})
-        self.pad_id = pad_id
-        self.name = name
-        self.filler = filler
 
     def settings(self) -> dict:
-        out = {"seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
-               "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id}
-        if self.filler is not None:
-            out["filler"] = self.filler.settings()
-        return out
+        return self._with_filler({
+            "seq_len": self.seq_len, "mode": self.mode, "max_open_bins": self.max_open_bins,
+            "overlong": self.overlong, "limits": self.limits, "pad_id": self.pad_id})
 
     def check_state(self, state: Any, checks: StateChecks) -> None:
         super().check_state(state, checks)
@@ -167,8 +101,10 @@ class _Bin:
         return self.used.get("tokens", 0)
 
 
-class Packer(Combiner):
+class Packer(RowPacker):
     """The per-lane state of `Pack`."""
+
+    op: Pack
 
     def __init__(self, op: Pack) -> None:
         self.op = op
@@ -182,16 +118,6 @@ class Packer(Combiner):
             costs[k] = int(v)
         return costs
 
-    def _limit(self, key: str) -> int:
-        return self.op.seq_len if key == "tokens" else self.op.limits.get(key, 1 << 62)
-
-    def _reserve(self, used: dict[str, int]) -> int:
-        """Tokens a row with `used` must keep free for the filler."""
-        filler = self.op.filler
-        if filler is not None and used.get(filler.cost, 0) == 0:
-            return filler.num_tokens
-        return 0
-
     def _after(self, b: _Bin, costs: dict[str, int]) -> dict[str, int]:
         keys = set(b.used) | set(costs)
         return {k: b.used.get(k, 0) + costs.get(k, 0) for k in keys}
@@ -204,21 +130,16 @@ class Packer(Combiner):
 
     def _room(self, costs: dict[str, int]) -> int:
         """The most tokens a document with `costs` may take in an empty row."""
-        filler = self.op.filler
-        if filler is not None and costs.get(filler.cost, 0) == 0:
-            return self.op.seq_len - filler.num_tokens
-        return self.op.seq_len
+        return self.op.seq_len - self._reserve(costs)
 
     def push(self, origin: Origin, payload: dict) -> Dropped | None:
         """Absorb one document; returns a `Dropped` when the document cannot be packed."""
         n = len(payload["tokens"])
         S = self.op.seq_len
-        if n == 0:
-            return Dropped("empty")
         costs = self._costs(payload, n)
-        over = [k for k, v in costs.items() if k != "tokens" and v > self._limit(k)]
-        if over:
-            return Dropped(f"over_limit:{over[0]}", f"{costs[over[0]]} > {self._limit(over[0])}")
+        refused = self._refuse(n, costs)
+        if refused is not None:
+            return refused
         start = 0
         room = self._room(costs)
         if n > room:
@@ -265,24 +186,13 @@ class Packer(Combiner):
         while self.bins:
             self.ready.append(self.bins.pop(0).segments)
 
-    def pop_row(self) -> Row | None:
-        """The oldest closed bin as a row (bins close when full, evicted, or flushed)."""
-        if not self.ready:
-            return None
-        segments = self.ready.popleft()
-        filler = self.op.filler
-        if filler is not None and filler.wanted(segments):
-            segments = [*segments, Segment(FILLER_ORIGIN, filler.payload, 0, filler.num_tokens)]
-        return Row(segments)
-
     # --- checkpoint -------------------------------------------------------
     def state(self) -> dict:
         return {"bins": [encode_segments(b.segments) for b in self.bins],
                 "ready": [encode_segments(r) for r in self.ready], "truncated": self.truncated}
 
-    def held_origins(self) -> list[Origin]:
-        """Documents in open bins or ready rows (a split document once)."""
-        return segment_origins([b.segments for b in self.bins] + list(self.ready))
+    def _held(self) -> list[list[Segment]]:
+        return [b.segments for b in self.bins] + list(self.ready)
 
     def restore(self, state: dict, recompute: Recompute) -> None:
         nbins = len(state["bins"])

@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from zephon_core import ElasticRun, StepRecord, batch_digest
 from zephon_vl.cli.main import add_execution_args, command, execution_from, print_digest_table
@@ -39,10 +40,44 @@ def _args(p: argparse.ArgumentParser) -> None:
     add_execution_args(p)
 
 
-@command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
-def cmd_demo(args: argparse.Namespace) -> int:
+@dataclass
+class _Tally:
+    """The per-step digests by rank count and the uninterrupted run's counters (the rates
+    leave out step 0, whose time is the start-up)."""
+
+    table: dict[int, dict[str, str]] = field(default_factory=dict)
+    samples: int = 0
+    images: int = 0
+    tokens: int = 0
+    t_first: float = 0.0
+    steady: float = 0.0
+    elapsed: float = 0.0
+
+    def add(self, rec: StepRecord, save_at: int) -> None:
+        """Record one step: a resumed one only fills its digest cell."""
+        col = f"D={rec.dp}"
+        if rec.phase != "run":
+            self.table[rec.step][col] = rec.sha256
+            if rec.step == save_at:
+                print(f"resumed on D={rec.dp} from step {save_at} (restore and first "
+                      f"step {rec.seconds:.2f}s)", flush=True)
+            return
+        self.elapsed += rec.seconds
+        if rec.step == 0:
+            self.t_first = rec.seconds
+        else:
+            self.steady += rec.seconds
+            self.samples += rec.out.documents
+            self.images += int(rec.out.batch["grid_thw"].shape[0])
+            self.tokens += rec.tokens
+        self.table.setdefault(rec.step, {})[col] = rec.sha256
+        print(f"step {rec.step}: {rec.sha256[:16]}  ({self.elapsed:.1f}s)", flush=True)
+
+
+def _build_data(args: argparse.Namespace) -> None:
+    """Check `--save-at` (defaulting it to half the steps), then build or reuse the demo data
+    so that the runs below time only the loader."""
     from zephon_core import ConfigError
-    from zephon_vl import vlm_demo
     from zephon_vl.demo.data import build_demo_dataset
     from zephon_vl.media.image import pillow_backend
 
@@ -57,70 +92,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"shards at {demo.root} ({'built' if demo.built else 'reused'} in "
           f"{time.perf_counter() - t0:.1f}s); PIL backend: {pillow_backend()}", flush=True)
 
+
+@command("demo", "end-to-end VLM demo: process pool, save on one D, resume on others", _args)
+def cmd_demo(args: argparse.Namespace) -> int:
+    from zephon_vl import vlm_demo
+
+    _build_data(args)
+
     def make():
         return vlm_demo(num_lanes=args.lanes, num_samples=args.samples)
 
-    ex = execution_from(args)
     resume = [int(x) for x in args.resume_dp.split(",") if x]
-    table: dict[int, dict[str, str]] = {}
-    samples = images = tokens = 0
-    t_first = steady = 0.0
-    with ElasticRun(make, ex, args.ledger) as run:
+    tally = _Tally()
+    with ElasticRun(make, execution_from(args), args.ledger) as run:
         print(run.ranks(args.dp, run.recipe).explain(), flush=True)
-        elapsed = 0.0
         records = run.run(args.dp, args.steps, args.save_at, resume) if args.ledger else \
             _timed_run(run, args.dp, args.steps, args.save_at, resume)
         for rec in records:
-            col = f"D={rec.dp}"
-            if rec.phase != "run":
-                table[rec.step][col] = rec.sha256
-                if rec.step == args.save_at:
-                    print(f"resumed on D={rec.dp} from step {args.save_at} (restore and first "
-                          f"step {rec.seconds:.2f}s)", flush=True)
-                continue
-            elapsed += rec.seconds
-            if rec.step == 0:
-                t_first = rec.seconds
-            else:
-                steady += rec.seconds
-                samples += rec.out.documents
-                images += int(rec.out.batch["grid_thw"].shape[0])
-                tokens += rec.tokens
-            table.setdefault(rec.step, {})[col] = rec.sha256
-            print(f"step {rec.step}: {rec.sha256[:16]}  ({elapsed:.1f}s)", flush=True)
-        if len(table) < args.steps:
+            tally.add(rec, args.save_at)
+        if len(tally.table) < args.steps:
             print("data ran out before --steps", file=sys.stderr)
             return 1
+    table = tally.table
     for t in range(args.save_at, args.steps):
         for d2 in resume:
             table[t].setdefault(f"D={d2}", "<end of data>")
-    fill = tokens / max(1, (args.steps - 1) * run.recipe.global_batch_size * run.recipe.seq_len)
+    fill = tally.tokens / max(1, (args.steps - 1) * run.recipe.global_batch_size
+                              * run.recipe.seq_len)
     print()
     ok = print_digest_table(table, [f"D={args.dp}"] + [f"D={d}" for d in resume])
-    _report(args, ok, table, steady, t_first, fill, samples=samples, images=images,
-            tokens=tokens)
+    _report(args, ok, tally, fill)
     return 0 if ok else 1
 
 
-def _report(args: argparse.Namespace, ok: bool, table: dict[int, dict[str, str]],
-            steady: float, t_first: float, fill: float, *, samples: int, images: int,
-            tokens: int) -> None:
+def _report(args: argparse.Namespace, ok: bool, tally: _Tally, fill: float) -> None:
     """The demo's closing lines (rates over the steps after the first) and its JSON."""
+    steady = tally.steady
     summary = {
         "ok": ok, "steps": args.steps, "save_at": args.save_at, "lanes": args.lanes,
         "steps_per_s": (args.steps - 1) / steady if steady else 0.0,
-        "samples_per_s": samples / steady if steady else 0.0,
-        "images_per_s": images / steady if steady else 0.0,
-        "tokens_per_s": tokens / steady if steady else 0.0,
-        "fill": fill, "first_batch_s": t_first,
-        "digests": {str(t): r for t, r in table.items()},
+        "samples_per_s": tally.samples / steady if steady else 0.0,
+        "images_per_s": tally.images / steady if steady else 0.0,
+        "tokens_per_s": tally.tokens / steady if steady else 0.0,
+        "fill": fill, "first_batch_s": tally.t_first,
+        "digests": {str(t): r for t, r in tally.table.items()},
     }
     timing = ("with digests and ledger in the clock" if args.ledger
               else "digests hashed outside the clock")
     print(f"\ndelivered global batches after step 0 (collated, {timing}): "
           f"{summary['steps_per_s']:.2f} steps/s, {summary['samples_per_s']:.1f} samples/s, "
           f"{summary['images_per_s']:.1f} images/s, {summary['tokens_per_s']:.0f} tokens/s; "
-          f"fill {fill:.1%}; first batch {t_first:.1f}s")
+          f"fill {fill:.1%}; first batch {tally.t_first:.1f}s")
     print("digests identical across rank counts and resumes" if ok else
           "MISMATCH: a resumed or re-sharded run saw different batches")
     if args.json:

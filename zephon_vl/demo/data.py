@@ -474,7 +474,37 @@ def build_demo_dataset(
     old = _old_shards(out)
     (out / MANIFEST).unlink(missing_ok=True)
     kinds = _kinds(num_samples, videos, seed)
-    counts = {k: kinds.count(k) for k in _MAKERS}
+    shards, entries, num_images = _write(out, kinds, seed, workers, samples_per_shard)
+    for name in old - {p.name for p in shards}:
+        (out / name).unlink(missing_ok=True)
+    ds = DemoDataset(
+        root=out,
+        shards=shards,
+        num_samples=len(kinds),
+        counts={k: kinds.count(k) for k in _MAKERS},
+        num_images=num_images,
+        total_bytes=sum(e["size"] for e in entries),
+        seed=seed,
+        built=True,
+        build_seconds=round(time.perf_counter() - t0, 2),
+        sha256={e["name"]: e["sha256"] for e in entries},
+    )
+    _write_manifest(ds, params, entries)
+    log.info(
+        "built demo dataset in %s: %d samples, %.1f MB, %.1f s",
+        out,
+        ds.num_samples,
+        ds.total_bytes / 1e6,
+        ds.build_seconds,
+    )
+    return ds
+
+
+def _write(out: Path, kinds: list[str], seed: int, workers: int,
+           samples_per_shard: int) -> tuple[list[Path], list[dict[str, Any]], int]:
+    """Write the shards in a temporary folder inside `out` and move each in: a crash leaves
+    no half-written shard under a final name. Returns the shards, their manifest entries
+    (name, size, sha256) and the number of images written."""
     num_images = 0
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
     try:
@@ -495,40 +525,24 @@ def build_demo_dataset(
                             "sha256": file_sha256(final)})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for p in old - {p.name for p in shards}:
-        (out / p).unlink(missing_ok=True)
-    ds = DemoDataset(
-        root=out,
-        shards=shards,
-        num_samples=len(kinds),
-        counts=counts,
-        num_images=num_images,
-        total_bytes=sum(e["size"] for e in entries),
-        seed=seed,
-        built=True,
-        build_seconds=round(time.perf_counter() - t0, 2),
-        sha256={e["name"]: e["sha256"] for e in entries},
-    )
+    return shards, entries, num_images
+
+
+def _write_manifest(ds: DemoDataset, params: dict[str, int],
+                    entries: list[dict[str, Any]]) -> None:
+    """Write the manifest last and atomically: its presence marks a complete build."""
     manifest = {
         "format": "zephon-demo-vlm",
         "version": DEMO_VERSION,
         "params": params,
         "shards": entries,
         "num_samples": ds.num_samples,
-        "counts": counts,
-        "num_images": num_images,
+        "counts": ds.counts,
+        "num_images": ds.num_images,
         "total_bytes": ds.total_bytes,
         "build_seconds": ds.build_seconds,
     }
-    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1))
-    log.info(
-        "built demo dataset in %s: %d samples, %.1f MB, %.1f s",
-        out,
-        ds.num_samples,
-        ds.total_bytes / 1e6,
-        ds.build_seconds,
-    )
-    return ds
+    atomic_write(ds.root / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def _old_shards(out: Path) -> set[str]:

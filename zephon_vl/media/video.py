@@ -19,14 +19,11 @@ the strategy is not part of the fingerprint. See docs/video.md.
 
 from __future__ import annotations
 
-import bisect
-import io
 import math
 import os
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any, BinaryIO
+from typing import Any
 
 import av
 import numpy as np
@@ -41,7 +38,15 @@ from zephon_vl.media.image import (
     target_size,
     warn_if_not_simd,
 )
-from zephon_vl.media.mp4index import video_composition_offsets
+from zephon_vl.media.video_index import (
+    Source,
+    Surprise,
+    VideoIndex,
+    decode_plan,
+    native_fps,
+    open_source,
+    read_video_index,
+)
 
 __all__ = ["VIDEO_DECODE", "VideoIndex", "VideoSettings", "decode_frames", "decode_plan",
            "open_video_reference", "process_video", "read_video_index", "read_video_reference",
@@ -49,8 +54,6 @@ __all__ = ["VIDEO_DECODE", "VideoIndex", "VideoSettings", "decode_frames", "deco
 
 #: How `process_video` reaches the kept frames (`VideoSettings.decode`).
 VIDEO_DECODE = ("auto", "seek", "sequential")
-#: In a decode plan, one seek costs about as much as decoding this many frames.
-SEEK_COST_FRAMES = 4
 #: "auto" seeks when the plan decodes at most this share of the frames sequential would.
 SEEK_SHARE = 0.8
 
@@ -145,185 +148,10 @@ def sample_frame_indices(
 
 
 
-Source = bytes | BinaryIO
-
-
-def _native_fps(stream: av.video.stream.VideoStream) -> float | None:
-    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-    return float(rate) if rate else None
-
-
-def _open(source: Source) -> av.container.InputContainer:
-    if isinstance(source, bytes | bytearray | memoryview):
-        return av.open(io.BytesIO(source), mode="r")
-    source.seek(0)
-    return av.open(source, mode="r")
-
-
 def _threads(stream: av.video.stream.VideoStream, settings: VideoSettings) -> None:
     ctx = stream.codec_context
     ctx.thread_count = settings.decoder_threads
     ctx.thread_type = "AUTO" if settings.decoder_threads > 1 else "SLICE"
-
-
-class _Surprise(ValueError):
-    """The seek path met something its index did not predict: decode sequentially."""
-
-
-@dataclass(frozen=True)
-class VideoIndex:
-    """A clip's video packets (`read_video_index`: the MP4 sample table, or a demux
-    pass; nothing decoded).
-
-    Frame `k` (the k-th frame the decoder puts out, in presentation order) is
-    the packet with the k-th smallest pts: ``pts[k]``, fed to the decoder as
-    packet number ``pos[k]`` (decode order). ``keys`` are the decode positions
-    of keyframes and ``key_pts`` their pts.
-    """
-
-    pts: list[int]
-    pos: list[int]
-    keys: list[int]
-    key_pts: list[int]
-    fps: float | None
-    #: "mp4 index" (the sample table) or "packet index" (a demux pass)
-    source: str = "packet index"
-
-
-def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
-    if isinstance(source, bytes | bytearray | memoryview):
-        view = memoryview(source)
-        return (lambda offset, length: bytes(view[offset:offset + length])), len(view)
-    size = source.seek(0, io.SEEK_END)
-
-    def read_at(offset: int, length: int) -> bytes:
-        source.seek(offset)
-        return source.read(length)
-
-    return read_at, size
-
-
-def _sorted_index(pts: list[tuple[int, int]], keys: list[int], key_pts: list[int],
-                  header: int, fps: float | None, source: str) -> VideoIndex | None:
-    if not pts or len(pts) != header or not keys or keys[0] != 0:
-        return None
-    pts.sort()
-    if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
-        return None
-    return VideoIndex([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
-
-
-def _index_from_mp4(source: Source) -> VideoIndex | None:
-    """The index from the MP4 sample table: FFmpeg's decode times plus the
-    ``ctts`` composition offsets (`mp4index`). Reads the boxes, not the frames."""
-    read_at, size = _read_at(source)
-    try:
-        found = video_composition_offsets(read_at, size)
-    except Exception:  # noqa: BLE001 - not an MP4 this reader understands
-        return None
-    if found is None:
-        return None
-    offsets, count = found
-    with _open(source) as container:
-        if "mp4" not in container.format.name or not container.streams.video:
-            return None
-        stream = container.streams.video[0]
-        entries = stream.index_entries
-        if len(entries) != count or (offsets and len(offsets) != count):
-            return None
-        pts: list[tuple[int, int]] = []
-        keys: list[int] = []
-        key_pts: list[int] = []
-        for i, entry in enumerate(entries):
-            if entry.is_discard:
-                return None
-            t = entry.timestamp + (offsets[i] if offsets else 0)
-            if entry.is_keyframe:
-                keys.append(i)
-                key_pts.append(t)
-            pts.append((t, i))
-        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
-                             "mp4 index")
-
-
-def _index_from_packets(source: Source) -> VideoIndex | None:
-    """The index from a demux pass (every packet read, none decoded)."""
-    with _open(source) as container:
-        if not container.streams.video:
-            return None
-        stream = container.streams.video[0]
-        pts: list[tuple[int, int]] = []
-        keys: list[int] = []
-        key_pts: list[int] = []
-        for packet in container.demux(stream):
-            if packet.size == 0:
-                continue
-            if packet.pts is None or packet.is_discard or packet.is_corrupt:
-                return None
-            if packet.is_keyframe:
-                keys.append(len(pts))
-                key_pts.append(packet.pts)
-            pts.append((packet.pts, len(pts)))
-        return _sorted_index(pts, keys, key_pts, stream.frames, _native_fps(stream),
-                             "packet index")
-
-
-def read_video_index(source: Source) -> VideoIndex | None:
-    """The packet index, or None where frame k cannot be told from it for sure
-    (a packet without pts, repeated pts, packets the decoder discards (edit
-    lists), or a count unlike the header's): such clips are decoded sequentially.
-
-    An MP4 is indexed from its sample table (no frame is read: a clip read by
-    range costs its index, then only the GOPs of kept frames); other
-    containers, or an MP4 whose table this cannot read, by a demux pass.
-    """
-    try:
-        return _index_from_mp4(source) or _index_from_packets(source)
-    except Exception:  # noqa: BLE001 - the sequential path reports what is wrong
-        return None
-
-
-def _key_for(index: VideoIndex, k: int) -> int | None:
-    """Decode position of the keyframe to start from for frame k: the last one
-    before it in decode order that it does not display before (a frame shown
-    before its keyframe, an open GOP's leading frame, needs the one before)."""
-    j = bisect.bisect_right(index.keys, index.pos[k]) - 1
-    while j >= 0 and index.key_pts[j] > index.pts[k]:
-        j -= 1
-    return index.keys[j] if j >= 0 else None
-
-
-def decode_plan(index: VideoIndex,
-                wanted: list[int]) -> tuple[list[tuple[int, list[int]]], int, int]:
-    """Segments ``(keyframe decode position, frames)`` for the seek path, and the
-    frames it and sequential decoding would feed the decoder.
-
-    Frames are taken in presentation order; a frame joins the current segment
-    when decoding on from there is no dearer than a seek to its own keyframe
-    (`SEEK_COST_FRAMES` per seek). A pure function of the index; the first
-    segment starts at packet 0 (frame 0 is always kept and is the first keyframe).
-    A frame with no keyframe before it raises ValueError.
-    """
-    frames = sorted(set(wanted))
-    segments: list[tuple[int, list[int]]] = []
-    cost = 0
-    fed = -1  # the last decode position fed so far
-    for k in frames:
-        key = _key_for(index, k)
-        if key is None:
-            raise _Surprise(f"frame {k} has no keyframe before it")
-        need = index.pos[k]
-        onward = max(0, need - fed)
-        jump = need - key + 1 + SEEK_COST_FRAMES
-        if segments and onward <= jump:
-            segments[-1][1].append(k)
-            cost += onward
-        else:
-            segments.append((key, [k]))
-            cost += jump
-        fed = max(fed, need)
-    sequential = max(index.pos[k] for k in frames) + 1
-    return segments, cost, sequential
 
 
 def _first_frame(frame: av.VideoFrame, n_out: int, image_settings: ImageSettings,
@@ -335,6 +163,14 @@ def _first_frame(frame: av.VideoFrame, n_out: int, image_settings: ImageSettings
     budget = video_settings.max_pixels_per_frame
     th, tw = target_size(h, w, image_settings, where, max_pixels=budget)
     return th, tw, np.empty((n_out, th, tw, 3), dtype=np.uint8)
+
+
+def _slots(indices: list[int]) -> dict[int, list[int]]:
+    """Frame -> the output slots it fills (a short clip repeats frames)."""
+    slots: dict[int, list[int]] = {}
+    for slot, idx in enumerate(indices):
+        slots.setdefault(idx, []).append(slot)
+    return slots
 
 
 def _decode_sequential(
@@ -352,7 +188,7 @@ def _decode_sequential(
     over-counted and `seen` is the true count.
     """
     tp = image_settings.temporal_patch_size
-    with _open(source) as container:
+    with open_source(source) as container:
         if not container.streams.video:
             raise BadSampleError("corrupt_video", where, "no video stream")
         stream = container.streams.video[0]
@@ -360,10 +196,8 @@ def _decode_sequential(
         n = stream.frames if num_frames is None else num_frames
         if n <= 0:
             return sum(1 for _ in container.decode(stream)), [], None
-        indices = sample_frame_indices(n, _native_fps(stream), video_settings, tp)
-        slots: dict[int, list[int]] = {}
-        for slot, idx in enumerate(indices):
-            slots.setdefault(idx, []).append(slot)
+        indices = sample_frame_indices(n, native_fps(stream), video_settings, tp)
+        slots = _slots(indices)
         out: np.ndarray | None = None
         th = tw = seen = 0
         for k, frame in enumerate(container.decode(stream)):
@@ -391,7 +225,7 @@ def _seek_plan(index: VideoIndex | None, image_settings: ImageSettings,
                                    image_settings.temporal_patch_size)
     try:
         segments, cost, sequential = decode_plan(index, indices)
-    except _Surprise as e:
+    except Surprise as e:
         return str(e)
     fed = f"the plan feeds {cost} packets, sequential {sequential}"
     if video_settings.decode == "auto" and cost > SEEK_SHARE * sequential:
@@ -399,67 +233,84 @@ def _seek_plan(index: VideoIndex | None, image_settings: ImageSettings,
     return indices, segments, index, fed
 
 
+class _SeekDecoder:
+    """The seek path's state across segments: FFmpeg's pts offset (learnt from packet 0),
+    the output array (sized at frame 0) and the slots each kept frame fills."""
+
+    def __init__(self, indices: list[int], index: VideoIndex, image_settings: ImageSettings,
+                 video_settings: VideoSettings, where: str) -> None:
+        self.slots = _slots(indices)
+        self.n_out, self.index, self.where = len(indices), index, where
+        self.image_settings, self.video_settings = image_settings, video_settings
+        self.where_pts = {p: k for k, p in enumerate(index.pts)}
+        self.shift: int | None = None  # FFmpeg's pts minus the index's
+        self.out: np.ndarray | None = None
+        self.th = self.tw = 0
+
+    def segment(self, container: av.container.InputContainer,
+                stream: av.video.stream.VideoStream, key: int, frames: list[int]) -> None:
+        """Decode from keyframe `key` through `frames[-1]`, checking every frame is the
+        one the index predicts (a mismatch raises Surprise)."""
+        key_pts = self.index.key_pts[self.index.keys.index(key)]
+        if key != 0:
+            assert self.shift is not None  # the first segment starts at packet 0
+            container.seek(key_pts + self.shift, backward=True, any_frame=False, stream=stream)
+        expect = self.where_pts[key_pts]
+        first_packet = True
+        for packet in container.demux(stream):
+            if first_packet and packet.size:
+                self._check_start(packet, key_pts)
+                first_packet = False
+            for frame in packet.decode():
+                if frame.pts is None or self.shift is None:
+                    raise Surprise("a frame without pts")
+                if frame.pts < key_pts + self.shift:  # before the keyframe: stale or leading
+                    continue
+                k = self.where_pts.get(frame.pts - self.shift)
+                if k != expect:
+                    raise Surprise(f"decoded pts {frame.pts}, not frame {expect}'s")
+                expect += 1
+                self._keep(k, frame)
+                if k == frames[-1]:
+                    return
+        raise Surprise(f"the clip ended before frame {frames[-1]}")
+
+    def _check_start(self, packet: av.Packet, key_pts: int) -> None:
+        """A segment's first packet must be the keyframe the seek aimed at."""
+        if packet.pts is None or not packet.is_keyframe:
+            raise Surprise("a segment does not start at a keyframe")
+        if self.shift is None:
+            self.shift = packet.pts - key_pts
+        if packet.pts != key_pts + self.shift:
+            raise Surprise(f"seek landed on pts {packet.pts}, not {key_pts + self.shift}")
+
+    def _keep(self, k: int, frame: av.VideoFrame) -> None:
+        """Size the output at frame 0; resize a kept frame into its slots."""
+        if k == 0:
+            self.th, self.tw, self.out = _first_frame(frame, self.n_out, self.image_settings,
+                                                      self.video_settings, self.where)
+        if k in self.slots:
+            if self.out is None:
+                raise Surprise("a kept frame before the first frame")
+            arr = resize_rgb(frame.to_image(), self.th, self.tw, self.image_settings)
+            for slot in self.slots[k]:
+                self.out[slot] = arr
+
+
 def _decode_seek(source: Source, indices: list[int], segments: list, index: VideoIndex,
                  image_settings: ImageSettings, video_settings: VideoSettings,
                  where: str) -> np.ndarray:
-    """Decode each segment from its keyframe; raises _Surprise where a decoded
+    """Decode each segment from its keyframe; raises Surprise where a decoded
     frame is not the one the index predicts (then the caller decodes sequentially)."""
-    slots: dict[int, list[int]] = {}
-    for slot, idx in enumerate(indices):
-        slots.setdefault(idx, []).append(slot)
-    where_pts = {p: k for k, p in enumerate(index.pts)}
-    shift: int | None = None  # FFmpeg's pts minus the index's (learnt from packet 0)
-    out: np.ndarray | None = None
-    th = tw = 0
-    with _open(source) as container:
+    dec = _SeekDecoder(indices, index, image_settings, video_settings, where)
+    with open_source(source) as container:
         stream = container.streams.video[0]
         _threads(stream, video_settings)
         for key, frames in segments:
-            key_pts = index.key_pts[index.keys.index(key)]
-            if key != 0:
-                assert shift is not None  # the first segment starts at packet 0
-                container.seek(key_pts + shift, backward=True, any_frame=False, stream=stream)
-            expect = where_pts[key_pts]
-            last = frames[-1]
-            first_packet = True
-            done = False
-            for packet in container.demux(stream):
-                if first_packet and packet.size:
-                    if packet.pts is None or not packet.is_keyframe:
-                        raise _Surprise("a segment does not start at a keyframe")
-                    if shift is None:
-                        shift = packet.pts - key_pts
-                    if packet.pts != key_pts + shift:
-                        raise _Surprise(f"seek landed on pts {packet.pts}, not {key_pts + shift}")
-                    first_packet = False
-                for frame in packet.decode():
-                    if frame.pts is None or shift is None:
-                        raise _Surprise("a frame without pts")
-                    if frame.pts < key_pts + shift:  # before the keyframe: stale or leading
-                        continue
-                    k = where_pts.get(frame.pts - shift)
-                    if k != expect:
-                        raise _Surprise(f"decoded pts {frame.pts}, not frame {expect}'s")
-                    expect += 1
-                    if k == 0:
-                        th, tw, out = _first_frame(frame, len(indices), image_settings,
-                                                   video_settings, where)
-                    if k in slots:
-                        if out is None:
-                            raise _Surprise("a kept frame before the first frame")
-                        arr = resize_rgb(frame.to_image(), th, tw, image_settings)
-                        for slot in slots[k]:
-                            out[slot] = arr
-                    if k == last:
-                        done = True
-                        break
-                if done:
-                    break
-            if not done:
-                raise _Surprise(f"the clip ended before frame {last}")
-    if out is None:
-        raise _Surprise("the first frame was not decoded")
-    return out
+            dec.segment(container, stream, key, frames)
+    if dec.out is None:
+        raise Surprise("the first frame was not decoded")
+    return dec.out
 
 
 def _decode_today(source: Source, image_settings: ImageSettings,
@@ -503,7 +354,7 @@ def decode_frames(
                 return frames, f"seek ({plan[2].source}): {plan[3]}"
         except (BadSampleError, MemoryError):
             raise
-        except Exception as e:  # noqa: BLE001 - _Surprise or a seek failure: decode as before
+        except Exception as e:  # noqa: BLE001 - Surprise or a seek failure: decode as before
             how = f"sequential: {type(e).__name__}: {e}"
     try:
         return _decode_today(data, image_settings, video_settings, where), how

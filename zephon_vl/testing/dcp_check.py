@@ -36,7 +36,7 @@ from zephon_vl.titan.check import load_titan_config
 from zephon_vl.titan.dataloader import STATE_KEY, ZephonDataLoader, step_rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--recipe", default="text-demo")
@@ -55,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-seconds", type=float, default=0.0,
                    help="sleep this long after each micro-batch, as a trainer's forward and "
                         "backward would: the loader's background driver runs ahead meanwhile")
-    args = p.parse_args(argv)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    return p
+
+
+def _build(args: argparse.Namespace, rank: int, world: int) -> ZephonDataLoader:
+    """This rank's loader, built as TorchTitan's trainer builds it (from a ready config or
+    from the flags)."""
     if args.config:
         trainer = load_titan_config(args.config)
         cfg = dataclasses.replace(trainer.dataloader, ledger=args.ledger)
@@ -67,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                                       global_batch_size=args.global_batch, runner=args.runner,
                                       ledger=args.ledger)
         seq_len, local_batch = args.seq_len, args.local_batch
-    dl = cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=seq_len,
-                   local_batch_size=local_batch,
-                   snapshot_every_n_steps=None)
-    out = Path(args.out)
-    start = 0
-    if args.resume:
-        dcp.load({"dataloader": dl}, checkpoint_id=args.resume)
-        start = dl.step
+    return cfg.build(dp_world_size=world, dp_rank=rank, tokenizer=None, seq_len=seq_len,
+                     local_batch_size=local_batch, snapshot_every_n_steps=None)
+
+
+def _steps(dl: ZephonDataLoader, args: argparse.Namespace, start: int,
+           world: int) -> tuple[dict[int, str], list[str]]:
+    """Run steps `start`..`--steps`: the global batch digests by step, and every rank's
+    state SHA-256 where the loader was saved (empty without `--save-at`)."""
     it = iter(dl)
     digests: dict[int, str] = {}
     shas: list[str] = []
@@ -92,7 +95,22 @@ def main(argv: list[str] | None = None) -> int:
             every: list[str | None] = [None] * world
             dist.all_gather_object(every, mine)
             shas = [s for s in every if s is not None]
-            dcp.save({"dataloader": dl}, checkpoint_id=str(out / "ckpt"))
+            dcp.save({"dataloader": dl}, checkpoint_id=str(Path(args.out) / "ckpt"))
+    return digests, shas
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank's round trip; rank 0 writes the digests and the state SHAs."""
+    args = _parser().parse_args(argv)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dl = _build(args, rank, world)
+    out = Path(args.out)
+    start = 0
+    if args.resume:
+        dcp.load({"dataloader": dl}, checkpoint_id=args.resume)
+        start = dl.step
+    digests, shas = _steps(dl, args, start, world)
     if rank == 0:
         (out / "digests.json").write_text(json.dumps(digests))
         (out / "state_sha.json").write_text(json.dumps(shas))

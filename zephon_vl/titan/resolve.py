@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import ConfigError, Execution, Recipe, UnknownKeyError, load_recipe
-from zephon_core.extend import unknown_operators
+from zephon_core.extend import check_lane_geometry, unknown_operators
 from zephon_vl.families.base import ModelFamily, TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
 from zephon_vl.titan.settings import execution_of
@@ -150,16 +150,10 @@ def check_geometry(num_lanes: int, global_batch_size: int, dp_world_size: int,
     if L < 1 or D < 1 or B < 1 or G < 1:
         raise ConfigError(f"num_lanes ({L}), dp_world_size ({D}), local_batch_size ({B}) and "
                           f"global_batch_size ({G}) must all be >= 1")
-    if L % D:
-        ok = [d for d in range(1, L + 1) if L % d == 0]
-        raise ConfigError(
-            f"zephon dataloader: {D} data-parallel ranks cannot share num_lanes={L} evenly "
-            f"(L % D = {L % D}). Use a data-parallel degree in {ok}, or set "
-            f"--dataloader.num_lanes to a multiple of every degree you will run at (e.g. 64)")
-    if G % L:
-        raise ConfigError(
-            f"zephon dataloader: global_batch_size={G} is not a multiple of num_lanes={L} "
-            f"(G % L = {G % L}); every lane gives G / L rows per step")
+    try:
+        check_lane_geometry(L, G, D, hint=" (--dataloader.num_lanes)")
+    except ConfigError as exc:
+        raise ConfigError(f"zephon dataloader: {exc}") from None
     if G % (B * D):
         raise ConfigError(
             f"zephon dataloader: global_batch_size={G} is not divisible by local_batch_size x "

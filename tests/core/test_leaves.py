@@ -1,0 +1,51 @@
+"""One leaf walk for the shared-memory transport and the backlog (issue 22): the leaves the
+backlog counts are the leaves the transport moves, in the same order."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from zephon_core.common.leaves import iter_leaves, map_leaves
+
+
+@dataclasses.dataclass(frozen=True)
+class Patches:
+    pixels: np.ndarray
+    grid: tuple[int, int, int]
+    cache: object = dataclasses.field(default=None, init=False)
+
+
+class Pair(NamedTuple):
+    left: np.ndarray
+    right: list
+
+
+def is_array(obj: object) -> bool:
+    return isinstance(obj, np.ndarray)
+
+
+def payload() -> dict:
+    a, b, c, d = (np.full(3, i) for i in range(4))
+    return {"tokens": [1, 2, 3], "image": Patches(a, (1, 2, 2)),
+            "pair": Pair(b, [c, "text", None]), "more": (d, {"x": 1.5}),
+            "opaque": {frozenset({1})}}
+
+
+def test_iter_gives_the_leaves_map_rebuilds_in_order() -> None:
+    seen = [int(a[0]) for a in iter_leaves(payload(), is_array)]
+    order: list[int] = []
+    out = map_leaves(payload(), is_array, lambda a: order.append(int(a[0])) or a * 10)
+    assert seen == order == [0, 1, 2, 3]
+    assert isinstance(out["image"], Patches) and out["image"].grid == (1, 2, 2)
+    assert isinstance(out["pair"], Pair) and out["pair"].right[1:] == ["text", None]
+    assert [int(a[0]) for a in iter_leaves(out, is_array)] == [0, 10, 20, 30]
+    assert out["tokens"] == [1, 2, 3] and out["opaque"] == {frozenset({1})}
+
+
+def test_plain_types_are_never_entered() -> None:
+    p = Pair(np.zeros(2), [])
+    assert list(iter_leaves({"p": p}, is_array, plain={Pair})) == []
+    assert map_leaves(p, is_array, lambda a: None, plain={Pair}) is p
