@@ -203,6 +203,7 @@ def _digest_lines(out: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 45 s on 2 cores; the shm pool's own property tests run in CI
 def test_vlm_demo_runs_unchanged_on_a_64_mib_dev_shm():
     why = _unshare_ok("-m", "--propagation", "private")
     if why:

@@ -115,6 +115,7 @@ def test_decode_on_labelled_nodes_only(cluster):
     assert got == inline_digests("vlm-demo")
 
 
+@pytest.mark.heavy  # a node or the cluster stopped and restarted: 20-80 s on 2 cores
 def test_worker_node_killed_mid_run(cluster, tmp_path):
     """The labelled node dies with a group running on it; a replacement joins (as an
     autoscaler would start one): the lost groups run again there, the batches do not
@@ -148,6 +149,7 @@ def _kill_when_busy(cluster: LocalRayCluster, markers: Path) -> None:
     cluster.add_worker()
 
 
+@pytest.mark.heavy  # a node or the cluster stopped and restarted: 20-80 s on 2 cores
 def test_cli_digest_after_killing_the_second_node(cluster, tmp_path):
     """``zephon-vl digest --runner ray`` on the two-node cluster, the second node's raylet
     killed mid-run (its tasks go to the head): the digests of ``--runner inline``."""
@@ -217,6 +219,7 @@ def _spec_digests(spec: Spec, ex: Execution, steps: int = 4) -> list[str]:
         return [r.sha256 for r in run.run(1, steps)]
 
 
+@pytest.mark.heavy  # a node or the cluster stopped and restarted: 20-80 s on 2 cores
 def test_cluster_gone_then_resume(cluster, monkeypatch):
     """The whole cluster stops mid-run: the run stops with an error that says so (not a
     hang); a resume from the checkpoint taken before, on a cluster that is up again,

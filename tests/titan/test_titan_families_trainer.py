@@ -35,6 +35,7 @@ def _args(family: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 2 minutes a family on 2 cores; qwen3_5 Trainer in CI: test_titan_trainer
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_checkpoint_at_d2_resumes_at_d1_and_d4_with_identical_data(family, tmp_path):
     d2 = TrainerJob(tmp_path / "d2", 2, [*_args(family), "--checkpoint.interval",

@@ -13,6 +13,7 @@ from zephon_vl.cli.main import main
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 30 s on 2 cores: what `make demo` measures, not what it delivers
 def test_demo_rate_leaves_digest_hashing_outside_the_clock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each digest costs 1000 s of a fake clock: a rate over 1/1000 steps/s proves the clock

@@ -81,6 +81,7 @@ def test_two_phases_same_digests_at_every_D_and_across_a_resume(recipe: Path, tm
     assert "phase 0 (began at draws [])" in text
 
 
+@pytest.mark.heavy  # 45 s on 2 cores; tests/core/test_batch_sizes.py's property test runs in CI
 def test_a_resume_that_asks_for_another_global_batch_size(recipe: Path, tmp_path: Path,
                                                           capsys) -> None:
     """Same lane rows, other step boundaries: G=8 for steps 0..1, then 16 (two steps of
