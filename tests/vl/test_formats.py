@@ -519,14 +519,20 @@ def test_webdataset_multi_image_conversations_are_read(tmp_path, hf_tokenizer) -
     assert trained == "The first.<|im_end|>\nNeither.<|im_end|>\n<|endoftext|>"
 
 
-def test_sharegpt_turns_in_text_records_train_the_answers(hf_tokenizer) -> None:
-    """A text record with LLaVA/ShareGPT turns (from/value) once trained only on
-    <|endoftext|>; its gpt turns are now the targets, and an unknown role is a drop."""
+@pytest.mark.parametrize("form, roles", [
+    (("conversations", "from", "value"), ("human", "gpt")),
+    (("messages", "role", "content"), ("human", "gpt")),
+    (("messages", "role", "content"), ("user", "assistant"))])
+def test_sharegpt_roles_in_text_records_train_the_answers(form, roles, hf_tokenizer) -> None:
+    """A text record with ShareGPT's roles (human/gpt), under from/value or role/content
+    keys, once trained only <|endoftext|>; its gpt turns are now the targets, and an
+    unknown role is a drop (issue 21)."""
     from zephon_core import BadSampleError
     from zephon_vl.ops.multimodal import text_document
 
-    doc = text_document({"conversations": [{"from": "human", "value": "hi"},
-                                           {"from": "gpt", "value": "hello there"}]})
+    key, role, text = form
+    doc = text_document({key: [{role: roles[0], text: "hi"},
+                               {role: roles[1], text: "hello there"}]})
     assert [t["role"] for t in doc["turns"]] == ["user", "assistant"]
     tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 4096)
     tok.setup()
@@ -534,27 +540,7 @@ def test_sharegpt_turns_in_text_records_train_the_answers(hf_tokenizer) -> None:
     assert hf_tokenizer.decode(out["tokens"][out["targets"]].tolist()) == \
         "hello there<|im_end|>\n<|endoftext|>"
     with pytest.raises(BadSampleError, match="bad_role"):
-        text_document({"conversations": [{"from": "bot", "value": "x"}]})
-
-
-@pytest.mark.parametrize("roles", [("human", "gpt"), ("user", "assistant")])
-def test_role_content_turns_with_sharegpt_roles_train_the_answers(roles, hf_tokenizer) -> None:
-    """``{"role": "human"|"gpt", "content"}`` (ShareGPT's roles under role/content keys)
-    once framed "human" and "gpt" turns as they were and trained only <|endoftext|>; the
-    roles are mapped as for from/value, and an unknown role is a drop (issue 21)."""
-    from zephon_core import BadSampleError
-    from zephon_vl.ops.multimodal import text_document
-
-    doc = text_document({"messages": [{"role": roles[0], "content": "hi"},
-                                      {"role": roles[1], "content": "hello there"}]})
-    assert [t["role"] for t in doc["turns"]] == ["user", "assistant"]
-    tok = TokenizeMultimodal(qwen_tokenizer_dir(), IMAGE.merge_size, 4096)
-    tok.setup()
-    out = tok.tokenize(doc)
-    assert hf_tokenizer.decode(out["tokens"][out["targets"]].tolist()) == \
-        "hello there<|im_end|>\n<|endoftext|>"
-    with pytest.raises(BadSampleError, match="bad_role"):
-        text_document({"messages": [{"role": "narrator", "content": "x"}]})
+        text_document({key: [{role: "narrator", text: "x"}]})
 
 
 def test_ledger_drops_name_the_record(data, tmp_path, capsys) -> None:

@@ -46,17 +46,6 @@ def workers_flags(split: dict[str, int]) -> str:
     return " ".join(f"--workers {op}={n}" for name, n in split.items() for op in name.split("+"))
 
 
-def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", default="vlm-demo", help="built-in name or TOML file")
-    p.add_argument("--steps", type=int, default=10, help="steps measured")
-    p.add_argument("--warmup", type=int, default=2, help="steps run first and not measured")
-    p.add_argument("--cores", type=int, default=0,
-                   help="cores to split among the worker stages (default: usable cores)")
-    p.add_argument("--png", default="", metavar="PATH", help="a bar chart of the stages")
-    p.add_argument("--json", default="", metavar="PATH", help="the measurements as JSON")
-    add_execution_args(p)
-
-
 def _cpu(runners: dict[int, Any]) -> dict[int, tuple[float, ...]]:
     return {i: r.cpu_seconds() for i, r in runners.items()}
 
