@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
-from zephon_core.extend import base_name, is_remote, local_path, read_whole
+from zephon_core.extend import base_name, is_remote, local_path
 from zephon_vl.formats.records import RecordEntry, RecordFiles, offsets_blob
 from zephon_vl.wds.manifest import (
     ShardChange,
     checked_location,
     index_folder,
+    read_manifest,
     resolve_beside,
 )
 
@@ -148,19 +149,8 @@ def refresh_record_manifest(manifest: str | os.PathLike,
 
 
 def _document(text: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(read_whole(text))
-    except FileNotFoundError:
-        raise ConfigError(f"manifest {text} does not exist; write it with zephon-vl index "
-                          "FILE... --format FORMAT --out MANIFEST") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"manifest {text} is unreadable ({e}); write it again with "
-                          "zephon-vl index") from None
-    if not isinstance(doc, dict) or doc.get("format") != RECORDS_MANIFEST_FORMAT or \
-            doc.get("version") != RECORDS_MANIFEST_VERSION:
-        raise ConfigError(f"{text} is not a zephon record manifest of version "
-                          f"{RECORDS_MANIFEST_VERSION}")
-    return doc
+    return read_manifest(text, RECORDS_MANIFEST_FORMAT, RECORDS_MANIFEST_VERSION,
+                         "zephon-vl index FILE... --format FORMAT --out MANIFEST")
 
 
 def load_record_manifest(location: str | os.PathLike,

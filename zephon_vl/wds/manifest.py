@@ -147,20 +147,27 @@ def resolve_beside(manifest: str, rel: str) -> str:
     return str(local_path(manifest).parent / rel)
 
 
-def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardEntry]:
-    """The entries of a manifest (a path or URL), index locations made absolute."""
-    text = os.fspath(location)
+def read_manifest(text: str, tag: str, version: int, usage: str,
+                  retry: Any = None) -> dict[str, Any]:
+    """A manifest's JSON document, refused unless it is `tag` at `version`; `usage` is the
+    ``zephon-vl index`` command line that writes one (for the errors)."""
     try:
         doc = json.loads(read_whole(text, retry))
     except FileNotFoundError:
-        raise ConfigError(f"manifest {text} does not exist; write it with "
-                          "zephon-vl index SHARD... --out MANIFEST") from None
+        raise ConfigError(f"manifest {text} does not exist; write it with {usage}") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"manifest {text} is unreadable ({e}); write it again with "
                           "zephon-vl index") from None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or \
-            doc.get("version") != MANIFEST_VERSION:
-        raise ConfigError(f"{text} is not a zephon manifest of version {MANIFEST_VERSION}")
+    if not isinstance(doc, dict) or doc.get("format") != tag or doc.get("version") != version:
+        raise ConfigError(f"{text} is not a {tag} manifest of version {version}")
+    return doc
+
+
+def load_manifest(location: str | os.PathLike, retry: Any = None) -> list[ShardEntry]:
+    """The entries of a manifest (a path or URL), index locations made absolute."""
+    text = os.fspath(location)
+    doc = read_manifest(text, MANIFEST_FORMAT, MANIFEST_VERSION,
+                        "zephon-vl index SHARD... --out MANIFEST", retry)
     try:
         return [ShardEntry(str(s["url"]), int(s["size"]), str(s["identity"]),
                            int(s["num_samples"]), s.get("sha256"),
