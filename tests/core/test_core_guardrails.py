@@ -223,7 +223,7 @@ def test_global_batch_must_be_a_multiple_of_lanes():
     with pytest.raises(ConfigError) as info:
         Recipe(**{**_recipe_kwargs(), "global_batch_size": 6, "num_lanes": 4})
     msg = str(info.value)
-    assert "(6)" in msg and "(4)" in msg, msg
+    assert "global_batch_size=6" in msg and "num_lanes=4" in msg, msg
 
 
 def _recipe_kwargs() -> dict:
