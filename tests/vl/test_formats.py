@@ -434,7 +434,7 @@ def test_bad_field_map_names_the_known_fields(data, tmp_path) -> None:
     table, _ = data["llava"]
     toml = recipe_toml(tmp_path / "x.toml", [{**table, "fields": {"convos": "turns"}}])
     with pytest.raises(ConfigError, match=r"unknown field 'convos' for format 'llava'; known: "
-                       r"conversations, id, image, video"):
+                       r"conversations, id, image, images, video"):
         load_recipe(str(toml))
 
 
