@@ -162,10 +162,9 @@ def trainer_checks(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
 # --- 2. simulated ranks: D vs resumed on another D ------------------------------------------
 def _global_step(loaders: list, iters: list) -> tuple[list, str]:
     from zephon_core import batch_digest
-    from zephon_vl.titan.dataloader import step_rows
+    from zephon_vl.titan.dataloader import next_global_step, step_rows
 
-    micro = [next(it) for it, dl in zip(iters, loaders, strict=True)
-             for _ in range(dl.microbatches)]
+    micro = next_global_step(loaders, iters)
     return micro, batch_digest(step_rows(micro))
 
 

@@ -168,6 +168,25 @@ def write_messages(root: Path, records: int = 20) -> tuple[Path, Path]:
     return path, root / "pics"
 
 
+def format_datasets(root: Path) -> dict[str, tuple[dict[str, Any], Drops]]:
+    """Each record format's test data under `root`, as a ``[[datasets]]`` table (name,
+    format, files, image folder) with the drops its bad records must give."""
+    llava, images, drops = write_llava(root / "llava")
+    cauldron, cauldron_drops = write_cauldron(root / "cauldron")
+    obelics, web, obelics_drops = write_obelics(root / "obelics")
+    messages, pics = write_messages(root / "messages")
+    return {
+        "llava": ({"name": "llava", "format": "llava", "files": [str(llava)],
+                   "image_folder": str(images)}, drops),
+        "parquet": ({"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
+                    cauldron_drops),
+        "obelics": ({"name": "web", "format": "obelics", "files": [str(obelics)],
+                     "image_folder": str(web)}, obelics_drops),
+        "messages": ({"name": "chat", "format": "messages", "files": [str(messages)],
+                      "image_folder": str(pics)}, {}),
+    }
+
+
 def recipe_toml(path: Path, datasets: list[dict[str, Any]], **keys: Any) -> Path:
     """A ``kind = "vlm"`` recipe file over `datasets` (tables of [[datasets]])."""
     top = {"kind": "vlm", "seq_len": 1024, "global_batch_size": 8, "num_lanes": 4,

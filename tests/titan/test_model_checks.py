@@ -166,17 +166,14 @@ def test_users_data_formats_pass_the_model_checks_through_the_titan_config(famil
     """LLaVA JSON with an image folder, the_cauldron's Parquet and OBELICS documents, as
     they are, named by ``format`` in a recipe file that ``--dataloader.recipe`` takes: a
     whole pass at D = 1 and 2 passes every family's model checks (issue 21)."""
-    from tests.helpers.formats import recipe_toml, write_cauldron, write_llava, write_obelics
+    from tests.helpers.formats import format_datasets, recipe_toml
 
-    llava, images, _ = write_llava(tmp_path / "llava")
-    cauldron, _ = write_cauldron(tmp_path / "cauldron")
-    obelics, web, _ = write_obelics(tmp_path / "obelics")
+    made = format_datasets(tmp_path)
     G = family_config.dataloader.global_batch_size
-    recipe = recipe_toml(tmp_path / "mine.toml", [
-        {"name": "llava", "format": "llava", "files": [str(llava)], "image_folder": str(images)},
-        {"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
-        {"name": "web", "format": "obelics", "files": [str(obelics)], "image_folder": str(web)},
-    ], global_batch_size=G, num_lanes=family_config.dataloader.num_lanes, epochs=1)
+    recipe = recipe_toml(tmp_path / "mine.toml",
+                         [made[n][0] for n in ("llava", "parquet", "obelics")],
+                         global_batch_size=G, num_lanes=family_config.dataloader.num_lanes,
+                         epochs=1)
     reports = check_titan_passes(family_config, [1, 2], None, {1: G, 2: G // 2},
                                  recipe=str(recipe), runner="inline")
     for report in reports:

@@ -18,7 +18,11 @@ from zephon_core import (  # noqa: E402
     batch_digest,  # noqa: E402
     parse_workers,  # noqa: E402
 )
-from zephon_vl.titan.dataloader import ZephonDataLoader, step_rows  # noqa: E402
+from zephon_vl.titan.dataloader import (  # noqa: E402
+    ZephonDataLoader,
+    next_global_step,
+    step_rows,
+)
 
 # exactly the keyword arguments Trainer.__init__ passes to config.dataloader.build(...)
 TRAINER_KW = ("dp_world_size", "dp_rank", "tokenizer", "seq_len", "local_batch_size",
@@ -95,11 +99,7 @@ def test_global_batch_is_the_same_for_every_dp():
                          dp_world_size=dp, dp_rank=d, local_batch_size=8 // (dp * 2))
                    for d in range(dp)]
         its = [iter(dl) for dl in loaders]
-        out = []
-        for _ in range(steps):
-            rows = [next(it) for it, dl in zip(its, loaders, strict=True)
-                    for _ in range(dl.microbatches)]
-            out.append(batch_digest(step_rows(rows)))
+        out = [batch_digest(step_rows(next_global_step(loaders, its))) for _ in range(steps)]
         for dl in loaders:
             dl.close()
         return out

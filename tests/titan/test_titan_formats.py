@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[titan]')")
 
-from tests.helpers.formats import (  # noqa: E402
-    recipe_toml,
-    write_cauldron,
-    write_llava,
-    write_obelics,
-)
+from tests.helpers.formats import format_datasets, recipe_toml  # noqa: E402
 from zephon_core import batch_digest  # noqa: E402
 from zephon_vl.titan.check import load_titan_config  # noqa: E402
-from zephon_vl.titan.dataloader import ZephonDataLoader, merged_state, step_rows  # noqa: E402
+from zephon_vl.titan.dataloader import (  # noqa: E402
+    ZephonDataLoader,
+    merged_state,
+    next_global_step,
+    step_rows,
+)
 
 G, L, SEQ = 8, 4, 1024
 
@@ -26,14 +26,9 @@ G, L, SEQ = 8, 4, 1024
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> ZephonDataLoader.Config:
     root = tmp_path_factory.mktemp("formats")
-    llava, images, _ = write_llava(root / "llava")
-    cauldron, _ = write_cauldron(root / "cauldron")
-    obelics, web, _ = write_obelics(root / "obelics")
-    recipe = recipe_toml(root / "mine.toml", [
-        {"name": "llava", "format": "llava", "files": [str(llava)], "image_folder": str(images)},
-        {"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
-        {"name": "web", "format": "obelics", "files": [str(obelics)], "image_folder": str(web)},
-    ], global_batch_size=G, num_lanes=L)
+    made = format_datasets(root)
+    recipe = recipe_toml(root / "mine.toml", [made[n][0] for n in ("llava", "parquet", "obelics")],
+                         global_batch_size=G, num_lanes=L)
     base = load_titan_config("zephon_qwen35_debug").dataloader
     return dataclasses.replace(base, recipe=str(recipe), num_lanes=L, global_batch_size=G,
                                runner="inline", background=False)
@@ -48,12 +43,7 @@ def ranks(config, dp: int) -> list[ZephonDataLoader]:
 def global_steps(loaders: list[ZephonDataLoader], steps: int) -> list[str]:
     """Each step's global batch digest: every rank's micro-batches in rank order."""
     its = [iter(dl) for dl in loaders]
-    out = []
-    for _ in range(steps):
-        micro = [next(it) for it, dl in zip(its, loaders, strict=True)
-                 for _ in range(dl.microbatches)]
-        out.append(batch_digest(step_rows(micro)))
-    return out
+    return [batch_digest(step_rows(next_global_step(loaders, its))) for _ in range(steps)]
 
 
 def closed(loaders: list[ZephonDataLoader]) -> None:

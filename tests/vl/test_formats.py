@@ -24,14 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tests.helpers.formats import (
-    photos,
-    recipe_toml,
-    write_cauldron,
-    write_llava,
-    write_messages,
-    write_obelics,
-)
+from tests.helpers.formats import format_datasets, photos, recipe_toml
 from tests.helpers.vl import hf_image_processor, run_epoch
 from zephon_core import ConfigError, Execution, Loader, load_recipe, qwen_tokenizer_dir
 from zephon_core.data.formats import DatasetSpec, dataset_reader
@@ -63,22 +56,7 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("formats")
-    llava, images, drops = write_llava(root / "llava")
-    cauldron, cauldron_drops = write_cauldron(root / "cauldron")
-    obelics, web, obelics_drops = write_obelics(root / "obelics")
-    messages, pics = write_messages(root / "messages")
-    return {
-        "root": root,
-        "llava": ({"name": "llava", "format": "llava", "files": [str(llava)],
-                   "image_folder": str(images)}, drops),
-        "parquet": ({"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
-                    cauldron_drops),
-        "obelics": ({"name": "web", "format": "obelics", "files": [str(obelics)],
-                     "image_folder": str(web)}, obelics_drops),
-        "messages": ({"name": "chat", "format": "messages", "files": [str(messages)],
-                      "image_folder": str(pics)}, {}),
-    }
+    return format_datasets(tmp_path_factory.mktemp("formats"))
 
 
 def spec_of(table: dict) -> DatasetSpec:

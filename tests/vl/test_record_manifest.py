@@ -16,13 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.formats import (
-    recipe_toml,
-    write_cauldron,
-    write_llava,
-    write_messages,
-    write_obelics,
-)
+from tests.helpers.formats import format_datasets, recipe_toml
 from zephon_core import ConfigError, ZephonError
 from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_vl.cli.main import main
@@ -30,20 +24,8 @@ from zephon_vl.cli.main import main
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("record-manifests")
-    llava, images, _ = write_llava(root / "llava")
-    cauldron, _ = write_cauldron(root / "cauldron")
-    obelics, web, _ = write_obelics(root / "obelics")
-    messages, pics = write_messages(root / "messages")
-    return {
-        "llava": {"name": "llava", "format": "llava", "files": [str(llava)],
-                  "image_folder": str(images)},
-        "parquet": {"name": "cauldron", "format": "parquet", "files": [str(cauldron)]},
-        "obelics": {"name": "web", "format": "obelics", "files": [str(obelics)],
-                    "image_folder": str(web)},
-        "messages": {"name": "chat", "format": "messages", "files": [str(messages)],
-                     "image_folder": str(pics)},
-    }
+    made = format_datasets(tmp_path_factory.mktemp("record-manifests"))
+    return {name: table for name, (table, _) in made.items()}
 
 
 def index(files: list[str], fmt: str, out: Path, capsys) -> str:

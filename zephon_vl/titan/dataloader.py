@@ -303,6 +303,15 @@ def step_rows(micro: list[tuple[dict[str, Any], torch.Tensor]]) -> dict[str, tor
     return rows
 
 
+def next_global_step(loaders: list[ZephonDataLoader],
+                     iters: list[Iterator[tuple[dict[str, Any], torch.Tensor]]]
+                     ) -> list[tuple[dict[str, Any], torch.Tensor]]:
+    """One optimizer step of ranks simulated in one process: every rank's micro-batches
+    (`iters[d]` iterates `loaders[d]`), in rank order; `step_rows` of it is the global batch."""
+    return [next(it) for it, dl in zip(iters, loaders, strict=True)
+            for _ in range(dl.microbatches)]
+
+
 def _item_rows(pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """Patch rows ``[patches, dim]``: as given when flat, else each padded item's first
     ``t*h*w`` rows."""
