@@ -35,6 +35,17 @@ def test_device_normalize_is_bit_identical_to_the_host_collate(tmp_path_factory)
             assert moved[key].dtype == value.dtype and torch.equal(moved[key], value), key
 
 
+def test_to_device_sizes_nothing_from_device_data(tmp_path_factory) -> None:
+    """The patch rows' gather index is made on the host: on an accelerator, sizing it from
+    device tensors (repeat_interleave) makes the host wait for the copy. The meta device
+    has no data, so any size read from device data fails there."""
+    got = _batches(demo_shards(tmp_path_factory), "device", steps=1)[0]
+    moved = to_device(got, "meta")
+    want = to_device(got, "cpu")["pixel_values"]
+    assert moved["pixel_values"].shape == want.shape
+    assert moved["pixel_values"].dtype == want.dtype
+
+
 def test_normalize_pixels_is_the_host_table_lookup() -> None:
     from zephon_vl.media.image import normalization_table, normalize_patches
 

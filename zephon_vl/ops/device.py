@@ -28,32 +28,42 @@ def _nbytes(batch: dict[str, Any]) -> int:
 
 
 def normalize_pixels(pixel_values: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[N, 3*K]`` rows -> float32 rows: entry ``c*256 + v`` of `table` for channel c."""
+    """uint8 ``[N, 3*K]`` rows -> float32 rows: entry ``c*256 + v`` of `table` for channel c.
+
+    One gather over all channels (a handful of kernels whatever the batch holds)."""
     n, width = pixel_values.shape
-    rows = pixel_values.view(n, 3, width // 3)
-    out = torch.empty((n, 3, width // 3), dtype=table.dtype, device=pixel_values.device)
-    for c in range(3):
-        index = rows[:, c].reshape(-1).to(torch.int32) + c * 256
-        out[:, c] = torch.index_select(table, 0, index).view(n, width // 3)
-    return out.view(n, width)
+    offset = torch.arange(0, 3 * 256, 256, dtype=torch.int32, device=pixel_values.device)
+    index = pixel_values.view(n, 3, width // 3).to(torch.int32) + offset[None, :, None]
+    return torch.index_select(table, 0, index.reshape(-1)).view(n, width)
+
+
+def frame_row_index(frames_per_item: torch.Tensor, grid_thw: torch.Tensor,
+                    temporal: int) -> torch.Tensor:
+    """The frame row behind each temporal slot of each patch row, ``[patches * temporal]``,
+    computed where `frames_per_item` and `grid_thw` are (the host, in `to_device`): sizing
+    the result on the device would make the host wait for the device."""
+    per_row = torch.repeat_interleave(frames_per_item, grid_thw.prod(dim=1))
+    first = torch.cumsum(per_row, 0) - per_row
+    step = torch.arange(temporal)[None, :] * (per_row[:, None] > 1)
+    return (first[:, None] + step).reshape(-1)
 
 
 def patch_rows_from_frames(frames: torch.Tensor, frames_per_item: torch.Tensor,
-                           grid_thw: torch.Tensor, temporal: int) -> torch.Tensor:
+                           grid_thw: torch.Tensor, temporal: int,
+                           index: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 frame rows ``[F, 3*K]`` -> patch rows ``[patches, 3*temporal*K]`` (channel,
     then frame, then pixel), on the frames' device.
 
     `frames_per_item` ``[items]`` is 1 (a still image: its one frame fills every
     temporal slot) or `temporal` (a video's frames in order); item i has
-    ``prod(grid_thw[i])`` patch rows. See `zephon_vl.frame_rows_uint8`.
+    ``prod(grid_thw[i])`` patch rows. See `zephon_vl.frame_rows_uint8`. `index`: their
+    `frame_row_index`, when the caller already moved it to the frames' device.
     """
     width = frames.shape[1]
-    per_row = torch.repeat_interleave(frames_per_item.to(frames.device),
-                                      grid_thw.to(frames.device).prod(dim=1))
-    first = torch.cumsum(per_row, 0) - per_row
-    step = torch.arange(temporal, device=frames.device)[None, :] * (per_row[:, None] > 1)
-    rows = frames.index_select(0, (first[:, None] + step).reshape(-1))
-    patches = len(per_row)
+    if index is None:
+        index = frame_row_index(frames_per_item.cpu(), grid_thw.cpu(), temporal)
+    rows = frames.index_select(0, index.to(frames.device))
+    patches = len(index) // temporal
     return rows.view(patches, temporal, 3, width // 3).transpose(1, 2).reshape(
         patches, temporal * width)
 
@@ -83,7 +93,11 @@ def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = 
         staged = False
     out: dict[str, Any] = {}
     temporal = batch.get("pixel_temporal")
-    for name, value in batch.items():
+    moving = dict(batch)
+    if "pixel_lut" in batch and "pixel_frames" in batch:
+        moving["pixel_frames"] = frame_row_index(batch["pixel_frames"].cpu(),
+                                                 batch["grid_thw"].cpu(), int(temporal))
+    for name, value in moving.items():
         if name == "pixel_temporal":
             continue
         if isinstance(value, torch.Tensor):
@@ -92,11 +106,11 @@ def to_device(batch: dict[str, Any], device: torch.device | str, *, pin: bool = 
             value = value.to(device, non_blocking=non_blocking and staged)
         out[name] = value
     table = out.pop("pixel_lut", None)
-    frames_per_item = out.pop("pixel_frames", None)
+    index = out.pop("pixel_frames", None)
     if table is not None:
         pixels = normalize_pixels(out["pixel_values"], table)
-        if frames_per_item is not None:
-            pixels = patch_rows_from_frames(pixels, frames_per_item, out["grid_thw"],
-                                            int(temporal))
+        if index is not None:
+            pixels = patch_rows_from_frames(pixels, batch["pixel_frames"], batch["grid_thw"],
+                                            int(temporal), index=index)
         out["pixel_values"] = pixels
     return out
