@@ -99,12 +99,12 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     URL ending in ``.json``, written by ``zephon-vl index``: then building the
     recipe reads that one file, and no shard), or a `DatasetSpec` (or its
     fields as a mapping) that names its ``format`` (``llava``, ``parquet``,
-    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are retried is
-    an execution setting (`Execution.retry`): it never changes a batch.
+    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are
+    retried is an execution setting (`Execution.retry`): it never changes a batch.
 
-    `on_error` is the bad-input policy (drop or raise). `image`, `video`, `pack`,
-    `shuffle` and `balance` may be settings or their fields as a mapping (a TOML
-    table; `pack`'s fields are a recipe file's top-level keys). `pack.image_every_row`
+    `on_error` is the bad-input policy (drop or raise). `image`, `video`, `pack`, `shuffle`
+    and `balance` are settings or their fields as a mapping (docs/settings.md; `pack`'s
+    fields are a recipe file's top-level keys). `pack.image_every_row`
     (None: the family's default) appends the placeholder image to rows without
     one (guarantee 10); a dataset's own ``image_every_row`` (a key of its table)
     overrides it for rows made of its documents only: a row gets the filler
@@ -114,10 +114,9 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ``"template"``: the family's chat template exactly). ``pack_mode="balanced"``
     packs compute-balanced rows (`BalancedPack`: each lane's rows of a step
     carry the same vision tokens) under `balance`. `phases` and `phase_lag` make the
-    mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's own
-    (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
-    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise).
-    """
+    mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
+    own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
+    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
