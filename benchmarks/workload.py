@@ -83,7 +83,7 @@ class WorkSpec:
                           global_batch_size=self.batch_rows, num_lanes=self.num_lanes,
                           seed=self.seed, image=self.image_settings(),
                           video=self.video_settings(),
-                          max_images=self.max_images, shuffle_buffer=self.shuffle_buffer,
+                          pack={"max_images": self.max_images}, shuffle_buffer=self.shuffle_buffer,
                           epochs=self.epochs, name="vlm-bench")
 
 

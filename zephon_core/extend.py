@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "check_on_error": "zephon_core.ops.contract",
     "TokenizerTransform": "zephon_core.ops.text",
     "text_row_arrays": "zephon_core.ops.pack",
+    "PACK_MODES": "zephon_core.ops.pack:MODES",
     # chat framing (zephon_vl's chat records and family templates)
     "ROLES": "zephon_core.ops.chat",
     "chat_framing": "zephon_core.ops.chat",
@@ -41,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     "parse_turn": "zephon_core.ops.chat",
     "record_turns": "zephon_core.ops.chat",
     # recipes
-    "settings_from_table": "zephon_core.recipes.registry",
+    "settings_from_table": "zephon_core.common.settings",
     # the engine, for adapters and tools
     "unknown_operators": "zephon_core.engine.plan",
     "Plan": "zephon_core.engine.plan",

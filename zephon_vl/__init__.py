@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "vlm_mix_demo": "zephon_vl.demo.recipes",
     "image_filler": "zephon_vl.ops.filler",
     "vlm_recipe": "zephon_vl.recipes",
+    "VisionPackSettings": "zephon_vl.recipes",
     "DemoDataset": "zephon_vl.demo.data",
     "build_demo_dataset": "zephon_vl.demo.data",
     "default_demo_dir": "zephon_vl.demo.data",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import (
@@ -30,14 +31,17 @@ from zephon_core import (
     Dataset,
     DatasetSpec,
     Pack,
+    PackSettings,
     Phase,
     Read,
     Recipe,
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
+    setting,
+    settings_groups,
 )
-from zephon_core.extend import dataset_format, dataset_reader, settings_from_table
+from zephon_core.extend import PACK_MODES, dataset_format, dataset_reader, settings_from_table
 from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -51,19 +55,40 @@ from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 DatasetArg = Sequence[str | os.PathLike] | str | DatasetSpec | Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class VisionPackSettings(PackSettings):
+    """How `vlm_recipe` packs documents into rows: `PackSettings` with vision limits and
+    the row filler (a recipe file names the fields at its top level: ``max_images = 8``)."""
+
+    pack_mode: str = setting(
+        "best_fit", choices=(*PACK_MODES, "balanced"), help="which open row a document goes to: "
+        "the first it fits (first_fit) or the one it fills best (best_fit); balanced: "
+        "compute-balanced rows (BalancedPack) under the recipe's [balance] settings")
+    overlong: str = setting("drop", choices=("drop", "truncate"), help="a document longer "
+                            "than seq_len: dropped, or its text truncated (a document with "
+                            "images is never cut)")
+    max_vision_tokens: int | None = setting(None, unit="tokens", help="the most vision "
+                                            "tokens a row holds (none: no limit)")
+    max_images: int | None = setting(None, unit="images", help="the most images a row "
+                                     "holds (none: no limit)")
+    image_every_row: bool | None = setting(
+        None, help="append a small placeholder image to rows without one (guarantee 10; "
+        "none: the family's default); a dataset's own image_every_row overrides it")
+
+
+@settings_groups(pack=VisionPackSettings)
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                tokenizer: str | os.PathLike | None, *, seq_len: int = 2048,
                global_batch_size: int = 8, num_lanes: int = 8, seed: int = 0,
                weights: Mapping[str, float] | None = None,
                image: ImageSettings | Mapping[str, Any] | None = None,
                video: VideoSettings | Mapping[str, Any] | None = None,
-               max_vision_tokens: int | None = None,
-               max_images: int | None = None, shuffle_buffer: int = 256,
-               shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
-               max_open_bins: int = 4, overlong: str = "drop", on_error: str = "drop",
-               epochs: int | None = None, index_cache: str | None = None,
-               name: str = "vlm", family: str | VisionFamily = "qwen3_5",
-               image_every_row: bool | None = None,
+               pack: VisionPackSettings | Mapping[str, Any] | None = None,
+               shuffle_buffer: int = 256,
+               shuffle: ShuffleSettings | Mapping[str, Any] | None = None,
+               on_error: str = "drop", epochs: int | None = None,
+               index_cache: str | None = None, name: str = "vlm",
+               family: str | VisionFamily = "qwen3_5",
                balance: BalanceSettings | Mapping[str, Any] | None = None,
                phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32,
                chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
@@ -74,11 +99,12 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     URL ending in ``.json``, written by ``zephon-vl index``: then building the
     recipe reads that one file, and no shard), or a `DatasetSpec` (or its
     fields as a mapping) that names its ``format`` (``llava``, ``parquet``,
-    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are retried is
-    an execution setting (`Execution.retry`): it never changes a batch.
+    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are
+    retried is an execution setting (`Execution.retry`): it never changes a batch.
 
-    `on_error` is the bad-input policy (drop or raise). `image` and `video` may
-    be settings or their fields as a mapping (a TOML table). `image_every_row`
+    `on_error` is the bad-input policy (drop or raise). `image`, `video`, `pack`, `shuffle`
+    and `balance` are settings or their fields as a mapping (docs/settings.md; `pack`'s
+    fields are a recipe file's top-level keys). `pack.image_every_row`
     (None: the family's default) appends the placeholder image to rows without
     one (guarantee 10); a dataset's own ``image_every_row`` (a key of its table)
     overrides it for rows made of its documents only: a row gets the filler
@@ -87,28 +113,27 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     (`ChatFraming`, its ``[chat]`` table over the family's `chat_framing`, or
     ``"template"``: the family's chat template exactly). ``pack_mode="balanced"``
     packs compute-balanced rows (`BalancedPack`: each lane's rows of a step
-    carry the same vision tokens) under `balance` (a `BalanceSettings` or its
-    ``[balance]`` table). `phases` and `phase_lag` make the mixture a schedule
-    (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's own
-    (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
-    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise).
-    """
+    carry the same vision tokens) under `balance`. `phases` and `phase_lag` make the
+    mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
+    own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
+    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
     video = settings_from_table(VideoSettings, video, "video") if video is not None else None
+    pack = settings_from_table(VisionPackSettings, pack or {}, "pack")
     datasets, wants_image = _datasets(shards, weights, index_cache, family.image_every_row
-                                      if image_every_row is None else image_every_row)
+                                      if pack.image_every_row is None else pack.image_every_row)
     special = family.special_tokens(load_tokenizer(tokenizer))
     framing = family.framing(chat)
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
-    packer = _packer(pack_mode, balance, seq_len, max(1, global_batch_size // num_lanes),
-                     max_open_bins, _limits(max_vision_tokens, max_images), special.pad,
-                     _filler(image, family, special, wants_image))
-    ops += [*_stages(datasets, image, video, tokenizer, seq_len, overlong, on_error, family,
-                     framing), packer]
+    packer = _packer(pack, balance, seq_len, max(1, global_batch_size // num_lanes),
+                     special.pad, _filler(image, family, special, wants_image))
+    ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
+                     family, framing), packer]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
-                  shuffle=shuffle or ShuffleSettings(), name=name,
+                  shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
+                  name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
 
@@ -160,16 +185,15 @@ def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings 
     return [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error),
-        TokenizeMultimodal(tokenizer, image.merge_size, seq_len,
-                           overlong="truncate" if overlong == "truncate" else "drop",
+        TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
                            on_error=on_error, family=family, chat=framing),
     ]
 
 
-def _limits(max_vision_tokens: int | None, max_images: int | None) -> dict[str, int]:
+def _limits(pack: VisionPackSettings) -> dict[str, int]:
     """The per-row limits the packer keeps (a None limit is no limit)."""
-    return {key: value for key, value in (("vision_tokens", max_vision_tokens),
-                                          ("images", max_images)) if value is not None}
+    return {key: value for key, value in (("vision_tokens", pack.max_vision_tokens),
+                                          ("images", pack.max_images)) if value is not None}
 
 
 def _filler(image: ImageSettings, family: VisionFamily, special: SpecialTokens,
@@ -185,11 +209,11 @@ def _filler(image: ImageSettings, family: VisionFamily, special: SpecialTokens,
     return filler
 
 
-def _packer(pack_mode: str, balance: BalanceSettings | Mapping[str, Any] | None, seq_len: int,
-            rows_per_group: int, max_open_bins: int, limits: dict[str, int], pad_id: int,
-            filler: Any) -> Any:
-    """The combiner `pack_mode` names: `BalancedPack` under `balance`, else `Pack`."""
-    if pack_mode == "balanced":
+def _packer(pack: VisionPackSettings, balance: BalanceSettings | Mapping[str, Any] | None,
+            seq_len: int, rows_per_group: int, pad_id: int, filler: Any) -> Any:
+    """The combiner `pack.pack_mode` names: `BalancedPack` under `balance`, else `Pack`."""
+    limits = _limits(pack)
+    if pack.pack_mode == "balanced":
         if balance is None:
             raise ConfigError("pack_mode='balanced' needs balance settings with a budget of "
                               "vision tokens per row ([balance] budget = ...); `zephon-vl "
@@ -202,6 +226,7 @@ def _packer(pack_mode: str, balance: BalanceSettings | Mapping[str, Any] | None,
             tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=pad_id,
             filler=filler)
     if balance is not None:
-        raise ConfigError(f"balance settings apply to pack_mode='balanced', not {pack_mode!r}")
-    return Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong="drop",
+        raise ConfigError(f"balance settings apply to pack_mode='balanced', not "
+                          f"{pack.pack_mode!r}")
+    return Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins, overlong="drop",
                 limits=limits, pad_id=pad_id, filler=filler)

@@ -104,8 +104,9 @@ def text_ids(s: str) -> list[int]:
 def make_recipe(shards: list[str], **overrides: Any) -> Recipe:
     """The VLM recipe under test: 8 lanes, 8 rows of 1024 tokens per step, <= 5 images a row."""
     kw: dict[str, Any] = {"seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH,
-                          "num_lanes": NUM_LANES, "image": IMAGE, "max_images": MAX_IMAGES}
+                          "num_lanes": NUM_LANES, "image": IMAGE}
     kw.update(overrides)
+    kw["pack"] = {"max_images": MAX_IMAGES, **overrides.get("pack", {})}
     return vlm_recipe(shards, tokenizer_dir(), **kw)
 
 

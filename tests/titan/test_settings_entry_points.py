@@ -4,7 +4,10 @@ the command line and the TorchTitan config under one name, in one unit, with one
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
+import textwrap
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from zephon_core import ConfigError, Execution, flat_settings
 from zephon_vl.cli.main import add_execution_args, execution_from
+from zephon_vl.media.image import ImageSettings
 from zephon_vl.titan.dataloader import ZephonDataLoader
 from zephon_vl.titan.settings import execution_of, titan_type
 
@@ -94,3 +98,23 @@ def test_the_titan_config_is_generated_with_help():
 def test_sizes_spell_and_read_back(n):
     leaf = next(s for s in flat_settings(Execution) if s.name == "backlog_bytes")
     assert leaf.parse(leaf.spell(n)) == n
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of dataclass `cls` (what tyro shows as a field's help)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    return {a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+
+
+@pytest.mark.parametrize("name", ["max_pixels", "min_pixels", "max_patches"])
+def test_image_overrides_share_the_image_setting_name_and_unit(name):
+    """``--dataloader.max_pixels`` overrides `ImageSettings.max_pixels`: same name, and its
+    help says the same unit (its default differs: 0 is the preset's own)."""
+    leaf = next(s for s in flat_settings(ImageSettings) if s.name == name)
+    field = next(f for f in dataclasses.fields(ZephonDataLoader.Config) if f.name == name)
+    assert field.type in (int, "int") and leaf.annotation is int
+    doc = attribute_docs(ZephonDataLoader.Config)[name]
+    assert leaf.info.unit and leaf.info.unit in doc, (name, leaf.info.unit, doc)

@@ -105,7 +105,7 @@ def ours(family: str, sample: dict, tmp: Path, **limits) -> dict:
     shards = write_shards([sample], tmp, samples_per_shard=1)
     recipe = vlm_recipe([str(s) for s in shards], fam.tokenizer_dir(), seq_len=SEQ_LEN,
                         global_batch_size=1, num_lanes=1, image=image, shuffle_buffer=0,
-                        epochs=1, image_every_row=False, family=family)
+                        epochs=1, pack={"image_every_row": False}, family=family)
     with Loader(recipe, 0, 1, Execution(runner="inline")) as loader:
         batch = next(iter(loader))
     x = fam.titan_inputs({k: v for k, v in batch.items() if k != "labels"}, recipe.collate,

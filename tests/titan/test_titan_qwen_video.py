@@ -66,7 +66,7 @@ def zephon_batch(shards: list[str], video_mode: str) -> dict:
     recipe = vlm_recipe(shards, qwen_tokenizer_dir(), seq_len=SEQ_LEN, global_batch_size=1,
                         num_lanes=1, image=image,
                         video=VideoSettings(fps=FPS, min_frames=2, max_frames=16),
-                        shuffle_buffer=0, epochs=1, image_every_row=False)
+                        shuffle_buffer=0, epochs=1, pack={"image_every_row": False})
     loader = Loader(recipe, 0, 1, Execution(runner="inline"))
     try:
         batch = next(iter(loader))

@@ -268,7 +268,8 @@ def test_framing_settings_are_fingerprinted_only_when_not_default() -> None:
 
 
 def test_bad_framing_settings_are_refused_by_name() -> None:
-    with pytest.raises(ConfigError, match="unknown role 'tool'"):
+    with pytest.raises(ConfigError, match="train_roles names 'tool', which is none of "
+                                          "system, user, assistant"):
         ChatFraming(train_roles=("tool",))
     with pytest.raises(ConfigError, match="unknown key 'system' in \\[chat\\]"):
         get_family("qwen3_5").framing({"system": "x"})
@@ -375,7 +376,7 @@ def test_a_dataset_can_turn_the_row_filler_off(shards, tmp_path) -> None:
     recipe = vlm_recipe({"photos": shards, "text": {"files": corpus, "image_every_row": False},
                          "more": corpus[:1]},
                         qwen_tokenizer_dir(), seq_len=1024, global_batch_size=8, num_lanes=4,
-                        image=ImageSettings(max_pixels=128 * 28 * 28), max_images=8,
+                        image=ImageSettings(max_pixels=128 * 28 * 28), pack={"max_images": 8},
                         shuffle_buffer=16, weights={"photos": 1.0, "text": 8.0, "more": 2.0})
     sim = SimulatedRanks(recipe, 1, INLINE, Plan(recipe.ops, INLINE).make_runners())
     rows = [r for _ in range(4) for ld in sim.loaders for r in ld.next_rows()]

@@ -99,7 +99,7 @@ def keys_of(reader, origins) -> list[str]:
 def test_every_record_is_delivered_once_or_dropped_with_its_reason(name, dp, data) -> None:
     table, expected_drops = data[name]
     recipe = vlm_recipe({table["name"]: spec_of(table)}, qwen_tokenizer_dir(), seq_len=1024,
-                        global_batch_size=4, num_lanes=4, image=IMAGE, max_images=6,
+                        global_batch_size=4, num_lanes=4, image=IMAGE, pack={"max_images": 6},
                         shuffle_buffer=4, epochs=1)
     reader = recipe.datasets[0].reader
     total = reader.shard_len(0)

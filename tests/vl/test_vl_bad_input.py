@@ -294,7 +294,7 @@ def test_seq_len_below_one_images_tokens_names_the_cause(tmp_path_factory) -> No
     from zephon_vl import ImageSettings, vlm_recipe
 
     recipe = vlm_recipe(demo_shards(tmp_path_factory), tokenizer_dir(), seq_len=64,
-                        num_lanes=1, global_batch_size=1, image_every_row=False,
+                        num_lanes=1, global_batch_size=1, pack={"image_every_row": False},
                         image=ImageSettings(max_pixels=256 * 28 * 28, min_pixels=128 * 28 * 28))
     loader = Loader(recipe, 0, 1, Execution(runner="inline", stall_drops=12))
     try:

@@ -220,7 +220,7 @@ def test_max_images_drops_documents_over_the_limit(tmp_path, tmp_path_factory) -
     samples = [{"__key__": "big", **three}] + [
         {"__key__": f"cap{i}", **s} for i, s in enumerate(by_kind["caption"][:5])]
     shards = [str(p) for p in write_shards(samples, tmp_path, samples_per_shard=100)]
-    recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, max_images=2, epochs=1,
+    recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, pack={"max_images": 2}, epochs=1,
                          shuffle_buffer=0)
     reader = recipe.datasets[0].reader
     ep: Epoch = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
@@ -249,7 +249,7 @@ def test_overlong_documents_never_cut_an_image(tmp_path, tmp_path_factory, overl
         {"__key__": f"cap{j}", **s} for j, s in enumerate(by_kind["caption"][:3])]
     shards = [str(p) for p in write_shards(samples, tmp_path, samples_per_shard=100)]
     recipe = make_recipe(shards, num_lanes=1, global_batch_size=1, seq_len=seq_len,
-                         overlong=overlong, epochs=1, shuffle_buffer=0)
+                         pack={"overlong": overlong}, epochs=1, shuffle_buffer=0)
     reader = recipe.datasets[0].reader
     ep = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
     drops = [(reader.key(o.shard, o.index), reason) for o, reason in ep.drops()]

@@ -39,9 +39,10 @@ def shards(tmp_path_factory):
 
 def mix_recipe(shards: list[str], **over):
     over.setdefault("weights", {"photos": 1.0, "text": 8.0})
+    pack = {"max_images": 8, **over.pop("pack", {})}
     return vlm_recipe({"photos": shards, "text": [str(p) for p in text_corpus()]},
                       qwen_tokenizer_dir(), seq_len=1024, global_batch_size=8, num_lanes=4,
-                      image=ImageSettings(max_pixels=128 * 28 * 28), max_images=8,
+                      image=ImageSettings(max_pixels=128 * 28 * 28), pack=pack,
                       shuffle_buffer=16, **over)
 
 
@@ -117,7 +118,7 @@ def test_mixture_rows_all_carry_an_image_and_half_have_none_of_their_own(shards)
     assert 0 < bare < len(rows), bare
     kinds = {s.origin.dataset for r in rows for s in r.segments}
     assert {0, 1} <= kinds  # photos and text in the same rows stream
-    rows = rows_of(mix_recipe(shards, image_every_row=False), 2, STEPS)
+    rows = rows_of(mix_recipe(shards, pack={"image_every_row": False}), 2, STEPS)
     assert any(not any(s.payload["grid_thw"] for s in r.segments) for r in rows)
 
 
@@ -185,7 +186,7 @@ def test_balance_command_reports_micro_batches_without_an_image(tmp_path, capsys
 
 def test_balanced_mixture_is_elastic_resumes_on_other_d_and_keeps_the_filler(shards) -> None:
     def make():
-        return mix_recipe(shards, pack_mode="balanced", balance={"budget": 90.0})
+        return mix_recipe(shards, pack={"pack_mode": "balanced"}, balance={"budget": 90.0})
 
     ref = [r.sha256 for r in run_digests(make, 1, STEPS, INLINE)]
     recs = list(run_digests(make, 2, STEPS, INLINE, save_at=2, resume_dp=[4]))
@@ -201,9 +202,9 @@ def test_balanced_mode_needs_a_budget_and_reads_a_balance_table(shards, tmp_path
     from zephon_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"\[balance\] budget"):
-        mix_recipe(shards, pack_mode="balanced")
+        mix_recipe(shards, pack={"pack_mode": "balanced"})
     with pytest.raises(ConfigError, match="unknown key 'budgett'"):
-        mix_recipe(shards, pack_mode="balanced", balance={"budgett": 1})
+        mix_recipe(shards, pack={"pack_mode": "balanced"}, balance={"budgett": 1})
     with pytest.raises(ConfigError, match="apply to pack_mode='balanced'"):
         mix_recipe(shards, balance={"budget": 90.0})
     path = tmp_path / "bal.toml"

@@ -11,12 +11,19 @@ command line and the TorchTitan config accept and refuse the same spellings.
 Spellings of a string value: ``none`` for None; ``true``/``false`` for booleans; sizes in
 bytes with an optional binary suffix (``256MiB``, ``8K``); mappings as ``KEY=VALUE``
 items separated by commas (``decode=2,tokenize=1``). A field may name its own parser
-(``parse=``), for values no annotation describes (e.g. ``"auto"`` or a mapping).
+(``parse=``), for values no annotation describes (e.g. ``"auto"`` or a mapping); a tuple
+is its items separated by commas (``0.5,0.5,0.5``).
+
+A recipe's settings objects (``ImageSettings``, ``ShuffleSettings``...) are declared the
+same way: `settings_from_table` reads their TOML tables, `check_choices` refuses a value
+outside a field's declared choices, and `settings_table` renders the fields for the docs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -76,6 +83,11 @@ class FlatSetting:
         return _is_optional(self.annotation)
 
     @property
+    def required(self) -> bool:
+        """True for a field without a default (`from_flat` refuses to leave it out)."""
+        return self.default is dataclasses.MISSING
+
+    @property
     def mapping(self) -> bool:
         """True for ``KEY=VALUE`` mappings (repeatable on the command line)."""
         return _mapping_types(self.annotation) is not None
@@ -103,6 +115,8 @@ class FlatSetting:
             return " | ".join(self.info.choices)
         if self.mapping:
             return f"{self.info.metavar or 'KEY=VALUE'} items separated by commas"
+        if _tuple_item(self.annotation) is not None:
+            return "items separated by commas"
         base = _strip_optional(self.annotation)
         name = getattr(base, "__name__", str(base))
         if self.info.unit == "bytes":
@@ -119,6 +133,8 @@ class FlatSetting:
             return "true" if value else "false"
         if isinstance(value, Mapping):
             return ",".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, tuple | list):
+            return ",".join(str(v) for v in value)
         if self.info.unit == "bytes" and isinstance(value, int):
             for suffix, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
                 if value and value % size == 0:
@@ -126,6 +142,7 @@ class FlatSetting:
         return str(value)
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -161,12 +178,43 @@ def _mapping_types(tp: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def _tuple_item(tp: Any) -> Any:
+    """The item type of a ``tuple[X, ...]`` or ``tuple[X, X, X]`` annotation, else None."""
+    base = _strip_optional(tp)
+    if typing.get_origin(base) is not tuple:
+        return None
+    args = [a for a in typing.get_args(base) if a is not Ellipsis]
+    return args[0] if args and all(a == args[0] for a in args) else None
+
+
 def check_table_keys(cls: type, table: Mapping[str, Any], key: str) -> None:
     """Refuse a TOML table ``[key]`` holding a name that is not a field of dataclass `cls`."""
-    known = [f.name for f in dataclasses.fields(cls)]
+    known = [f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")]
     unknown = sorted(set(table) - set(known))
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r} in [{key}]; known: {', '.join(known)}")
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown key {unknown[0]!r} in [{key}]{hint}; known: "
+                          f"{', '.join(known)}")
+
+
+def check_choices(obj: Any) -> None:
+    """Refuse a field of settings object `obj` whose value is not one of its declared
+    choices (each item, for a tuple); None passes where the field is optional."""
+    for f in dataclasses.fields(obj):
+        info = f.metadata.get(META_KEY)
+        if info is None or not info.choices:
+            continue
+        value = getattr(obj, f.name)
+        where = f"{type(obj).__name__}.{f.name}"
+        allowed = ", ".join(info.choices)
+        if isinstance(value, tuple | list):
+            for item in value:
+                if item not in info.choices:
+                    raise ConfigError(f"{where} names {item!r}, which is none of {allowed}")
+        elif value not in info.choices and not (
+                value is None and _is_optional(_hints(type(obj))[f.name])):
+            raise ConfigError(f"{where} must be one of {allowed}; got {value!r}")
 
 
 def parse_size(text: str) -> int:
@@ -214,6 +262,10 @@ def parse_value(tp: Any, text: str, unit: str = "") -> Any:
     if items is not None:
         return parse_items(text, items[1], "KEY=N" if items[1] in (int, float) else "KEY=VALUE")
     base = _strip_optional(tp)
+    item = _tuple_item(tp)
+    if item is not None:
+        return tuple(parse_value(item, part.strip(), unit) for part in text.split(",")
+                     if part.strip())
     if base is bool:
         return parse_bool(text)
     if base is int:
@@ -244,8 +296,8 @@ def flat_settings(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> li
         info = f.metadata.get(META_KEY)
         if info is None:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting()")
-        default = (f.default if f.default is not dataclasses.MISSING
-                   else f.default_factory())  # type: ignore[misc]
+        default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                   else f.default)
         out.append(FlatSetting(prefix + f.name, (*path, f.name), tp, default, info))
     return out
 
@@ -261,6 +313,9 @@ def from_flat(cls: type, flat: Mapping[str, Any]) -> Any:
     if unknown:
         raise ConfigError(f"unknown {cls.__name__} settings {unknown}; known: "
                           f"{', '.join(leaves)}")
+    missing = [s for s in leaves.values() if s.required and s.name not in flat]
+    if missing:
+        raise ConfigError(f"{cls.__name__} needs {missing[0].name}: {missing[0].info.help}")
     tree: dict = {}
     for name, value in flat.items():
         s = leaves[name]
@@ -269,6 +324,28 @@ def from_flat(cls: type, flat: Mapping[str, Any]) -> Any:
             node = node.setdefault(part, {})
         node[s.path[-1]] = s.coerce(value)
     return _build(cls, tree)
+
+
+def settings_from_table(cls: type, value: Any, key: str, base: Any = None) -> Any:
+    """The TOML table ``[key]`` (or any mapping of flat names) as settings class `cls`,
+    its fields over `base`'s (None: the declared defaults); a `cls` passes unchanged.
+
+    An unknown key is named with the known ones; strings are read per the declared
+    type and unit (`FlatSetting.coerce`), as on the command line.
+    """
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key!r} must be a table ([{key}]) of {cls.__name__} fields, got "
+                          f"{value!r}")
+    check_table_keys(cls, value, key)
+    try:
+        if base is None:
+            return from_flat(cls, value)
+        leaves = {s.name: s for s in flat_settings(cls)}
+        return dataclasses.replace(base, **{k: leaves[k].coerce(v) for k, v in value.items()})
+    except ConfigError as exc:
+        raise ConfigError(f"[{key}] {exc}") from None
 
 
 def _build(cls: type, tree: Mapping[str, Any]) -> Any:
@@ -287,3 +364,25 @@ def to_flat(obj: Any) -> dict[str, Any]:
             value = getattr(value, part)
         out[s.name] = value
     return out
+
+
+def _spell_default(s: FlatSetting) -> str:
+    if s.required:
+        return "required"
+    if isinstance(s.default, tuple | list):
+        return "`[" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v)
+                                for v in s.default) + "]`"
+    return f"`{s.spell(s.default)}`"
+
+
+def settings_table(cls: type) -> str:
+    """A Markdown table of `cls`'s settings (name, default, unit, help and choices), made
+    from their declarations: what the docs show, so they cannot drift from the code."""
+    lines = ["| setting | default | unit | meaning |", "| --- | --- | --- | --- |"]
+    for s in flat_settings(cls):
+        meaning = s.info.help
+        if s.info.choices:
+            meaning += ". One of: " + ", ".join(s.info.choices)
+        meaning = meaning.replace("|", "\\|")
+        lines.append(f"| `{s.name}` | {_spell_default(s)} | {s.info.unit} | {meaning} |")
+    return "\n".join(lines) + "\n"

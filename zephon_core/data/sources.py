@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.common.hashing import rng
+from zephon_core.common.settings import setting
 from zephon_core.data.readers import ShardReader
 from zephon_core.errors import ConfigError
 from zephon_core.records import Origin
@@ -59,11 +60,14 @@ class Dataset:
 
 @dataclass(frozen=True)
 class ShuffleSettings:
-    """How a dataset's order is randomized each epoch."""
+    """How a dataset's order is randomized each epoch (a recipe's ``[shuffle]``)."""
 
-    shards: bool = True
-    within_shard: bool = True
-    block_size: int = 256
+    shards: bool = setting(True, help="visit the shards in a new random order each epoch")
+    within_shard: bool = setting(True, help="permute the samples inside each shard each "
+                                 "epoch")
+    block_size: int = setting(
+        256, unit="samples", help="cut the epoch's sequence into blocks of this many samples "
+        "and permute the blocks, so a lane's stream mixes shards at a coarse grain (0: off)")
 
     def settings_dict(self) -> dict:
         return {"shards": self.shards, "within_shard": self.within_shard,

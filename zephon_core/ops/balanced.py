@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_core.common.settings import setting
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Recompute, Segment, StateChecks
 from zephon_core.ops.rowpack import RowFiller, RowPacker, RowPackOp
@@ -81,12 +82,19 @@ class BalanceSettings:
     heavy steps for documents too costly for an average step (0: none).
     """
 
-    budget: float
-    heavy_every: int = 0
-    heavy_budget: float = 0.0
-    lookahead: int = 4
-    tolerance: float = 0.03
-    split_text: bool = True
+    budget: float = setting(
+        unit="cost", help="the mean cost per row (a VLM recipe: vision tokens); `zephon-vl "
+        "balance` reports a recipe's mean as mean_vision_tokens_per_row")
+    heavy_every: int = setting(0, unit="steps", help="every this many steps is a heavy step "
+                               "for documents too costly for an average step (0: none)")
+    heavy_budget: float = setting(0.0, unit="cost", help="a heavy step's cost per group (one "
+                                  "lane's rows of a step), above one group's mean")
+    lookahead: int = setting(4, unit="groups", help="groups' worth of documents a lane holds "
+                             "before its target is corrected toward what it holds")
+    tolerance: float = setting(0.03, unit="fraction", help="the largest relative correction "
+                               "of a step's target toward what the lane holds")
+    split_text: bool = setting(True, help="split text documents across rows to fill them "
+                               "(a document with images is never cut)")
 
 
 class BalancedPack(RowPackOp):

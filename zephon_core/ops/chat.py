@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.common.settings import check_table_keys
+from zephon_core.common.settings import check_choices, setting, settings_from_table
 from zephon_core.errors import BadSampleError, ConfigError
 
 #: the text placeholder of a media slot in a string turn (LLaVA's convention)
@@ -43,27 +43,25 @@ TurnTokens = Callable[[str], tuple[list[int], list[int]]]
 
 @dataclass(frozen=True)
 class ChatFraming:
-    """What a chat template decides beyond the turn tokens, and what is trained.
-
-    `system_prompt`: a system turn with this text is put before a chat whose
-    first turn is not a system turn (what Qwen2-VL's template does with
-    "You are a helpful assistant."); None adds none. `train_roles`: the roles
-    whose turns are prediction targets (their text; media slots and turn
-    openings never are). `train_turn_end`: a trained turn's closing tokens
-    (``<|im_end|>\\n`` in ChatML) are targets too. `end_of_text`: the
-    tokenizer's end-of-text token follows every document (chats, captions,
-    plain text), a target when `train_end_of_text`.
+    """What a chat template decides beyond the turn tokens, and what is trained (a
+    recipe's ``[chat]``; each field's meaning is its declaration).
 
     The defaults are how zephon has always framed documents; each family
     states its own (``VisionFamily.chat_framing``) and the framing its chat
     template gives exactly (``VisionFamily.template_framing``).
     """
 
-    system_prompt: str | None = None
-    train_roles: tuple[str, ...] = ("assistant",)
-    train_turn_end: bool = True
-    end_of_text: bool = True
-    train_end_of_text: bool = True
+    system_prompt: str | None = setting(
+        None, help="a system turn with this text goes before a chat whose first turn is not "
+        "a system turn (none: no system turn is added)")
+    train_roles: tuple[str, ...] = setting(
+        ("assistant",), choices=CHAT_ROLES, help="the roles whose turns are targets (their "
+        "text; media slots and turn openings never are)")
+    train_turn_end: bool = setting(True, help="a trained turn's closing tokens (<|im_end|>\\n "
+                                   "in ChatML) are targets too")
+    end_of_text: bool = setting(True, help="the tokenizer's end-of-text token follows every "
+                                "document (chat, caption, interleaved, text)")
+    train_end_of_text: bool = setting(True, help="that end-of-text is a target")
 
     def __post_init__(self) -> None:
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
@@ -73,10 +71,7 @@ class ChatFraming:
         if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
             raise ConfigError(f"chat train_roles must be a list of roles, got {roles!r}")
         object.__setattr__(self, "train_roles", tuple(roles))
-        unknown = sorted(set(self.train_roles) - set(CHAT_ROLES))
-        if unknown:
-            raise ConfigError(f"chat train_roles names unknown role {unknown[0]!r}; roles: "
-                              f"{', '.join(CHAT_ROLES)}")
+        check_choices(self)
         for name in ("train_turn_end", "end_of_text", "train_end_of_text"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"chat {name} must be true or false, got "
@@ -112,8 +107,7 @@ def chat_framing(value: ChatFraming | Mapping[str, Any] | None,
         return value
     if not isinstance(value, Mapping):
         raise ConfigError(f"chat must be a table of ChatFraming fields ([chat]), got {value!r}")
-    check_table_keys(ChatFraming, value, "chat")
-    return dataclasses.replace(base, **value)
+    return settings_from_table(ChatFraming, value, "chat", base)
 
 
 def chatml_turn(im_start: int, im_end: int, role: str,

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.common.settings import check_choices, setting
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Recompute, Row, Segment, StateChecks
 from zephon_core.ops.rowpack import FILLER_ORIGIN, RowFiller, RowPacker, RowPackOp
@@ -35,8 +36,25 @@ OVERLONG = ("split", "truncate", "drop")
 IGNORE_INDEX = -100
 
 
-__all__ = ["FILLER_ORIGIN", "IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "Packer", "Row",
-           "RowFiller", "Segment", "text_row_arrays"]
+__all__ = ["FILLER_ORIGIN", "IGNORE_INDEX", "MODES", "OVERLONG", "Pack", "PackSettings", "Packer",
+           "Row", "RowFiller", "Segment", "text_row_arrays"]
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """How a recipe packs documents into rows (`text_recipe`'s ``pack``; a recipe file
+    names the fields at its top level: ``pack_mode = "first_fit"``)."""
+
+    pack_mode: str = setting("best_fit", choices=MODES, help="which open row a document "
+                             "goes to: the first it fits (first_fit) or the one it fills best "
+                             "(best_fit)")
+    max_open_bins: int = setting(4, unit="rows", help="partially filled rows kept open per "
+                                 "lane; when a document fits none, the fullest is closed")
+    overlong: str = setting("split", choices=OVERLONG, help="a document longer than seq_len: "
+                            "split into rows whose positions restart, truncated, or dropped")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 class Pack(RowPackOp):
     """Pack documents into rows of `seq_len` tokens, per lane (the usual combiner)."""

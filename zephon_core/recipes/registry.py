@@ -39,8 +39,11 @@ A TOML recipe file looks like::
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
 is a keyword argument of the kind's factory (``text_recipe``, ``vlm_recipe``),
-called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``; a file
-without ``tokenizer`` passes None, and the factory picks its default.
+called as ``factory(files_by_dataset, tokenizer, weights=..., **keys)``, or a field
+of one of its settings groups (`settings_groups`: ``pack_mode = "first_fit"`` is
+``pack=PackSettings(pack_mode="first_fit")``); a file without ``tokenizer`` passes
+None, and the factory picks its default. The tables (``[shuffle]``, ``[image]``...)
+are read by `settings_from_table`: their fields, help and units are in docs/settings.md.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zephon_core.common.settings import check_table_keys
+from zephon_core.common.settings import settings_from_table
 from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
@@ -102,10 +105,53 @@ def forwards_to(target: Callable[..., Any]) -> Callable[[RecipeFactory], RecipeF
     return mark
 
 
+def settings_groups(**groups: type) -> Callable[[RecipeFactory], RecipeFactory]:
+    """Mark a factory whose settings parameters (``pack=PackSettings``) a recipe file and
+    `load_recipe` also take as the settings' fields at the top level, under the same names
+    (``pack_mode = "balanced"``): one name per setting everywhere."""
+    def mark(factory: RecipeFactory) -> RecipeFactory:
+        factory.__zephon_groups__ = groups  # type: ignore[attr-defined]
+        return factory
+    return mark
+
+
+def groups_of(factory: Callable[..., Any]) -> dict[str, type]:
+    """`factory`'s `settings_groups`, following `forwards_to` (its own win)."""
+    target = getattr(factory, "__zephon_forwards__", None)
+    inherited = groups_of(target) if target is not None else {}
+    return {**inherited, **getattr(factory, "__zephon_groups__", {})}
+
+
+def gather_groups(factory: Callable[..., Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with the top-level fields of `factory`'s settings groups moved into their
+    group (``{"pack_mode": "balanced"}`` -> ``{"pack": {"pack_mode": "balanced"}}``), over
+    a group given too (its object's fields, or its mapping); naming one twice is refused."""
+    out = dict(fields)
+    for param, cls in groups_of(factory).items():
+        names = [f.name for f in dataclasses.fields(cls)]
+        flat = {k: out.pop(k) for k in names if k in out}
+        if not flat:
+            continue
+        given = out.get(param)
+        if isinstance(given, cls):
+            out[param] = settings_from_table(cls, flat, param, base=given)
+            continue
+        given = dict(given or {})
+        twice = sorted(set(given) & set(flat))
+        if twice:
+            raise ConfigError(f"{twice[0]} is given twice: at the top level and in {param}; "
+                              "give it once")
+        out[param] = {**given, **flat}
+    return out
+
+
 def accepted_keys(factory: Callable[..., Any]) -> set[str] | None:
-    """The keyword names `factory` takes (following `forwards_to`); None: any."""
+    """The keyword names `factory` takes (following `forwards_to`), with the fields of its
+    `settings_groups`; None: any."""
     params = inspect.signature(factory).parameters
     named = {k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    named |= {f.name for cls in getattr(factory, "__zephon_groups__", {}).values()
+              for f in dataclasses.fields(cls)}
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return named
     target = getattr(factory, "__zephon_forwards__", None)
@@ -142,7 +188,7 @@ def load_recipe(name_or_path: str | Path, **overrides: Any) -> Recipe:
             if known is not None and key not in known:
                 raise UnknownKeyError(f"recipe {name!r} takes no {key!r}; it takes "
                                       f"{', '.join(sorted(known))}", key)
-        return factory(**overrides)
+        return factory(**gather_groups(factory, overrides))
     path = Path(name)
     if not path.is_file():
         raise ConfigError(f"unknown recipe {name!r}: not a built-in "
@@ -182,7 +228,7 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
         fields.setdefault("name", path.stem)
         fields.update(overrides)
         _check_keys(factory, fields, kind)
-        recipe = factory(files, tokenizer, weights=weights, **fields)
+        recipe = factory(files, tokenizer, weights=weights, **gather_groups(factory, fields))
         return recipe if mix_by is None else dataclasses.replace(recipe, mix_by=mix_by)
     except UnknownKeyError as exc:
         raise UnknownKeyError(f"{path}: {exc}", exc.key) from None
@@ -195,6 +241,7 @@ def _check_keys(factory: RecipeFactory, fields: dict[str, Any], kind: str) -> No
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return  # the factory takes any key; it reports its own
     known = [k for k, p in list(params.items())[2:] if k != "weights"]
+    known += [f.name for cls in groups_of(factory).values() for f in dataclasses.fields(cls)]
     for key in fields:
         if key not in known:
             raise UnknownKeyError(f"unknown key {key!r} for kind {kind!r}; known: kind, "
@@ -271,13 +318,3 @@ def _location(entry: Any, base: Path) -> str:
     if not isinstance(entry, str):
         raise ConfigError(f"expected a path or URL string, got {entry!r}")
     return entry if is_remote(entry) else str((base / local_path(entry)).resolve())
-
-
-def settings_from_table(cls: type, value: Any, key: str) -> Any:
-    """The TOML table ``[key]`` as the settings dataclass `cls`; an unknown key is named."""
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key!r} must be a table ([{key}])")
-    check_table_keys(cls, value, key)
-    return cls(**value)

@@ -13,29 +13,31 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zephon_core.common.settings import settings_from_table
 from zephon_core.data.formats import DatasetSpec, as_spec, dataset_format, dataset_reader
 from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.loader import Loader
 from zephon_core.errors import ConfigError
 from zephon_core.ops.chat import ChatFraming, chat_framing
-from zephon_core.ops.pack import Pack
+from zephon_core.ops.pack import Pack, PackSettings
 from zephon_core.ops.read import Read
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import MinTokens, Tokenize, load_tokenizer
 from zephon_core.recipes.assets import qwen_tokenizer_dir, text_corpus
-from zephon_core.recipes.registry import forwards_to
+from zephon_core.recipes.registry import forwards_to, settings_groups
 from zephon_core.spec import Recipe
 
 Files = Sequence[str | os.PathLike]
 
 
+@settings_groups(pack=PackSettings)
 def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike | None, *,
                 seq_len: int = 2048, global_batch_size: int = 8, num_lanes: int = 8,
                 seed: int = 0, weights: Mapping[str, float] | None = None,
                 text_key: str = "text", shuffle_buffer: int = 1024,
-                shuffle: ShuffleSettings | None = None, pack_mode: str = "best_fit",
-                max_open_bins: int = 4, overlong: str = "split", min_tokens: int = 1,
+                shuffle: ShuffleSettings | Mapping[str, Any] | None = None,
+                pack: PackSettings | Mapping[str, Any] | None = None, min_tokens: int = 1,
                 epochs: int | None = None, on_error: str = "raise",
                 name: str = "text", phases: Sequence[Phase | Mapping[str, Any]] = (),
                 phase_lag: int = 32,
@@ -45,10 +47,12 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     Records are ``{text_key: str}`` (all trained) or chats under
     ``conversations``/``messages``, framed as ChatML with only assistant turns
     trained; `chat` (a `ChatFraming` or its ``[chat]`` table) changes the framing
-    (docs/data-formats.md). `phases` and `phase_lag` make the mixture a schedule
+    (docs/data-formats.md). `pack` (a `PackSettings` or its fields) packs the rows;
+    `shuffle` orders each dataset. `phases` and `phase_lag` make the mixture a schedule
     (`Recipe`). `tokenizer` None: the bundled Qwen vocabulary."""
     if tokenizer is None:
         tokenizer = qwen_tokenizer_dir()
+    pack = settings_from_table(PackSettings, pack or {}, "pack")
     named = dict(files) if isinstance(files, Mapping) else {"data": files}
     weights = dict(weights or {})
     unknown = set(weights) - set(named)
@@ -75,11 +79,12 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
         Tokenize(tokenizer, text_key="text", on_error=on_error,  # readers rename text_key
                  chat=chat_framing(chat)),
         MinTokens(min_tokens),
-        Pack(seq_len, mode=pack_mode, max_open_bins=max_open_bins, overlong=overlong,
-             pad_id=pad_id),
+        Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins,
+             overlong=pack.overlong, pad_id=pad_id),
     ]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
-                  shuffle=shuffle or ShuffleSettings(), name=name, phases=list(phases),
+                  shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
+                  name=name, phases=list(phases),
                   phase_lag=phase_lag)
 
 

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from zephon_core import BalanceSettings, Recipe, forwards_to
+from zephon_core.extend import settings_from_table
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
-from zephon_vl.recipes import vlm_recipe
+from zephon_vl.recipes import VisionPackSettings, vlm_recipe
+
+#: the demos' packing: at most 8 images a row
+DEMO_PACK = VisionPackSettings(max_images=8)
 
 
 def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
@@ -16,6 +21,14 @@ def _demo_tokenizer(overrides: dict[str, Any]) -> Any:
     bundled Qwen one for ``qwen3_5``, Kimi's tokens added to it for ``kimi_k2_5``)."""
     given = overrides.pop("tokenizer", None)
     return given or vision_family(overrides.get("family", "qwen3_5")).tokenizer_dir()
+
+
+def _demo_pack(overrides: dict[str, Any], base: VisionPackSettings = DEMO_PACK
+               ) -> VisionPackSettings:
+    """The demos' packing with the fields ``pack`` (in `overrides`) gives over `base`'s; a
+    `VisionPackSettings` given whole replaces it."""
+    return settings_from_table(VisionPackSettings, overrides.pop("pack", None) or {}, "pack",
+                               base=base)
 
 
 @forwards_to(vlm_recipe)
@@ -29,7 +42,7 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
     return vlm_recipe([str(s) for s in demo.shards], _demo_tokenizer(overrides),
                       seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, name="vlm-demo", **overrides)
+                      image=image, pack=_demo_pack(overrides), name="vlm-demo", **overrides)
 
 
 #: `vlm-mix-demo`'s balance: its mean vision tokens per row (`zephon-vl balance`), heavy
@@ -51,17 +64,19 @@ def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int =
     demo = build_demo_dataset(num_samples=num_samples)
     image = overrides.pop("image", ImageSettings(max_pixels=256 * 28 * 28))
     overrides.setdefault("weights", {"photos": 1.0, "text": 8.0})
-    if overrides.get("pack_mode") == "balanced":
+    pack = _demo_pack(overrides)
+    if pack.pack_mode == "balanced":
         overrides.setdefault("balance", MIX_DEMO_BALANCE)
     return vlm_recipe({"photos": [str(s) for s in demo.shards],
                        "text": [str(p) for p in text_corpus()]},
                       _demo_tokenizer(overrides), seq_len=seq_len,
                       global_batch_size=global_batch_size, num_lanes=num_lanes, seed=seed,
-                      image=image, max_images=8, **{"name": "vlm-mix-demo", **overrides})
+                      image=image, pack=pack, **{"name": "vlm-mix-demo", **overrides})
 
 
 @forwards_to(vlm_mix_demo)
 def vlm_mix_demo_balanced(**overrides: Any) -> Recipe:
     """`vlm-mix-demo` with compute-balanced rows (``pack_mode="balanced"``)."""
-    overrides.setdefault("pack_mode", "balanced")
+    overrides["pack"] = _demo_pack(overrides, dataclasses.replace(DEMO_PACK,
+                                                                  pack_mode="balanced"))
     return vlm_mix_demo(**{"name": "vlm-mix-demo-balanced", **overrides})

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from zephon_core import BadSampleError, ConfigError
+from zephon_core import BadSampleError, ConfigError, check_choices, setting
 from zephon_vl.media.geometry import (  # noqa: F401  (the geometry's public names, here too)
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -122,45 +122,52 @@ def warn_if_not_simd() -> None:
 
 @dataclass(frozen=True)
 class ImageSettings:
-    """Everything that decides the bytes of an image's patch rows.
+    """Everything that decides the bytes of an image's patch rows (a recipe's ``[image]``).
 
     ``settings_dict()`` goes into checkpoint fingerprints: changing any field
     changes the training data, so a resume must refuse it.
     """
 
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-    #: Decode JPEGs at a reduced DCT scale (``Image.draft``) when the target is at
-    #: most half the source on each side. Faster; the scale depends only on the
-    #: header size and the target, so it is deterministic, but pixels differ
-    #: slightly from a full decode.
-    draft: bool = False
-    #: "collate": uint8 rows, normalized later by ``normalize_patches``;
-    #: "worker": float32 normalized rows straight from the worker;
-    #: "device": the batch carries uint8 rows and the normalization table, and
-    #: ``zephon_vl.ops.device.to_device`` normalizes on the accelerator (4x fewer
-    #: bytes through the driver, the host-to-device copy and pinned memory).
-    normalize: str = "collate"
-    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
-    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
-    #: Refuse images whose header claims more pixels, before decoding them.
-    max_image_pixels: int = 64_000_000
-    resample: str = "bicubic"
-    #: Turn the image upright by its EXIF orientation first, as cameras record it and as
-    #: transformers' ``load_image`` does; the patch grid then follows the upright size.
-    exif_transpose: bool = True
-    #: The row order of the patches (`PATCH_ORDERS`): "block" (Qwen-VL) or "raster".
-    patch_order: str = "block"
-    #: The size rule (`RESIZE_RULES`): "pixels" (`smart_resize`, min/max_pixels) or
-    #: "patches" (`patch_budget_resize`, max_patches/max_patches_per_side, padding).
-    resize: str = "pixels"
-    #: With ``resize="patches"``: the most patches an image (or video frame) keeps.
-    max_patches: int = 16384
-    #: With ``resize="patches"``: the most patches a side keeps (the encoder's position grid).
-    max_patches_per_side: int = 512
+    patch_size: int = setting(14, unit="pixels", help="side of one square patch")
+    merge_size: int = setting(2, unit="patches", help="patches per side merged into one "
+                              "vision token (the token covers merge_size x merge_size)")
+    temporal_patch_size: int = setting(2, unit="frames", help="frames in one patch (a still "
+                                       "image repeats its one frame)")
+    min_pixels: int = setting(56 * 56, unit="pixels", help="smallest image area (smaller "
+                              "ones are scaled up)")
+    max_pixels: int = setting(28 * 28 * 1280, unit="pixels", help="largest image area "
+                              "(larger ones are scaled down)")
+    draft: bool = setting(False, help="decode JPEGs at a reduced DCT scale when the target "
+                          "is at most half the source on each side: faster and deterministic "
+                          "(the scale depends only on the header size and the target), but "
+                          "pixels differ slightly from a full decode")
+    normalize: str = setting(
+        "collate", choices=("collate", "worker", "device"),
+        help="where pixels are normalized: collate (workers ship uint8 rows, 4x fewer bytes), "
+        "worker (float32 rows from the worker) or device (the batch carries uint8 rows and "
+        "the table; zephon_vl.ops.device.to_device normalizes on the accelerator)")
+    image_mean: tuple[float, float, float] = setting(
+        OPENAI_CLIP_MEAN, help="per-channel mean (RGB) subtracted after scaling to [0, 1]")
+    image_std: tuple[float, float, float] = setting(
+        OPENAI_CLIP_STD, help="per-channel standard deviation (RGB) divided by")
+    max_image_pixels: int = setting(64_000_000, unit="pixels", help="refuse images whose "
+                                    "header claims more pixels, before decoding them")
+    resample: str = setting("bicubic", choices=tuple(sorted(_RESAMPLE)),
+                            help="the resize filter (PIL)")
+    exif_transpose: bool = setting(
+        True, help="turn the image upright by its EXIF orientation first, as cameras record "
+        "it and as transformers' load_image does; the patch grid follows the upright size")
+    patch_order: str = setting("block", choices=PATCH_ORDERS, help="the row order of the "
+                               "patches: block (Qwen-VL's merge blocks) or raster")
+    resize: str = setting(
+        "pixels", choices=RESIZE_RULES, help="the size rule: pixels (smart_resize within "
+        "min_pixels/max_pixels) or patches (patch_budget_resize within max_patches and "
+        "max_patches_per_side, padded)")
+    max_patches: int = setting(16384, unit="patches", help="with resize = patches: the most "
+                               "patches an image (or video frame) keeps")
+    max_patches_per_side: int = setting(512, unit="patches", help="with resize = patches: the "
+                                        "most patches a side keeps (the encoder's position "
+                                        "grid)")
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"):
@@ -174,19 +181,7 @@ class ImageSettings:
             raise ConfigError(
                 f"ImageSettings.max_pixels ({self.max_pixels}) < min_pixels ({self.min_pixels})"
             )
-        if self.normalize not in ("collate", "worker", "device"):
-            raise ConfigError("ImageSettings.normalize must be 'collate', 'worker' or 'device', "
-                              f"got {self.normalize!r}")
-        if self.resample not in _RESAMPLE:
-            raise ConfigError(
-                f"ImageSettings.resample must be one of {sorted(_RESAMPLE)}, got {self.resample!r}"
-            )
-        if self.patch_order not in PATCH_ORDERS:
-            raise ConfigError(f"ImageSettings.patch_order must be one of {PATCH_ORDERS}, "
-                              f"got {self.patch_order!r}")
-        if self.resize not in RESIZE_RULES:
-            raise ConfigError(f"ImageSettings.resize must be one of {RESIZE_RULES}, "
-                              f"got {self.resize!r}")
+        check_choices(self)
         if self.max_patches < 1 or self.max_patches_per_side < 1:
             raise ConfigError("ImageSettings.max_patches and max_patches_per_side must be "
                               f">= 1, got {self.max_patches} and {self.max_patches_per_side}")

@@ -28,7 +28,7 @@ from typing import Any
 import av
 import numpy as np
 
-from zephon_core import BadSampleError, ConfigError, open_shard
+from zephon_core import BadSampleError, ConfigError, check_choices, open_shard, setting
 from zephon_core.extend import StoredFileIO, is_remote, scheme_of
 from zephon_vl.media.image import (
     ImageSettings,
@@ -60,28 +60,31 @@ SEEK_SHARE = 0.8
 
 @dataclass(frozen=True)
 class VideoSettings:
-    """Frame sampling of video clips (part of the checkpoint fingerprint)."""
+    """Frame sampling of video clips (a recipe's ``[video]``; the checkpoint fingerprint)."""
 
-    fps: float = 2.0
-    max_frames: int = 16
-    #: Rounded up to a multiple of temporal_patch_size; clips with fewer frames
-    #: keep all of theirs (no frame is invented beyond the temporal padding).
-    min_frames: int = 2
-    #: Per-frame pixel budget; None uses the image settings' max_pixels.
-    max_pixels_per_frame: int | None = None
-    #: "auto", "seek" or "sequential" (`VIDEO_DECODE`): how kept frames are reached.
-    #: Never changes which frames are kept or their pixels: not in the fingerprint.
-    decode: str = "auto"
-    #: FFmpeg decoder threads per worker process. Workers already fill the rank's
-    #: cores (`Execution` gives each rank cores // local ranks), so 1 keeps the
-    #: pool within its budget; more (frame threading) helps when workers < cores.
-    #: Pixels are bit-identical at any count (tested); not in the fingerprint.
-    decoder_threads: int = 1
-    #: Where samples' referenced videos live (``{"video": "clips/a.mp4"}`` in a sample's
-    #: JSON, as TorchTitan's ``video_dir`` or LLaVA-Video's ``video_folder``): a local
-    #: folder or a URL prefix (``s3://bucket/videos``), read through zephon_core's
-    #: storage (retries, range reads). In the fingerprint when set.
-    video_folder: str | None = None
+    fps: float = setting(2.0, unit="fps", help="frames kept per second of the clip")
+    max_frames: int = setting(16, unit="frames", help="the most frames a clip keeps (rounded "
+                              "down to a multiple of temporal_patch_size), spread over its "
+                              "whole duration")
+    min_frames: int = setting(2, unit="frames", help="the fewest frames a clip keeps (rounded "
+                              "up to a multiple of temporal_patch_size); a clip with fewer "
+                              "keeps all of its own, none invented beyond the temporal padding")
+    max_pixels_per_frame: int | None = setting(
+        None, unit="pixels", help="per-frame pixel budget (none: the image settings' "
+        "max_pixels)")
+    decode: str = setting(
+        "auto", choices=VIDEO_DECODE, help="how kept frames are reached: seek, sequential, or "
+        "auto (seek when it decodes clearly fewer frames). Never changes which frames are "
+        "kept or their pixels: not in the fingerprint")
+    decoder_threads: int = setting(
+        1, unit="threads", help="FFmpeg decoder threads per worker process: workers already "
+        "fill the rank's cores, so 1 keeps the pool within its budget; more helps when "
+        "workers < cores. Pixels are bit-identical at any count: not in the fingerprint")
+    video_folder: str | None = setting(
+        None, help="where samples' referenced videos live ({\"video\": \"clips/a.mp4\"}, as "
+        "TorchTitan's video_dir or LLaVA-Video's video_folder): a local folder or a URL "
+        "prefix (s3://bucket/videos), read through zephon_core's storage. In the fingerprint "
+        "when set")
 
     def __post_init__(self) -> None:
         if not (self.fps > 0 and math.isfinite(self.fps)):
@@ -93,9 +96,7 @@ class VideoSettings:
             )
         if self.max_pixels_per_frame is not None and self.max_pixels_per_frame < 1:
             raise ConfigError("VideoSettings.max_pixels_per_frame must be >= 1")
-        if self.decode not in VIDEO_DECODE:
-            raise ConfigError(f"VideoSettings.decode must be one of {VIDEO_DECODE}, "
-                              f"got {self.decode!r}")
+        check_choices(self)
         if self.video_folder is not None and not (isinstance(self.video_folder, str)
                                                   and self.video_folder):
             raise ConfigError("VideoSettings.video_folder must be a non-empty path or URL")
