@@ -65,7 +65,7 @@ class ShuffleSettings:
     within_shard: bool = True
     block_size: int = 256
 
-    def settings_dict(self) -> dict:
+    def settings(self) -> dict:
         return {"shards": self.shards, "within_shard": self.within_shard,
                 "block_size": self.block_size}
 

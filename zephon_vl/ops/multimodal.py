@@ -112,7 +112,7 @@ class DecodeVision(Transform):
     def settings(self) -> dict:
         from zephon_vl.media.image import pillow_backend
 
-        return {"image": self.image.settings_dict(), "video": self.video.settings_dict(),
+        return {"image": self.image.settings(), "video": self.video.settings(),
                 "pil": pillow_backend()}
 
     def process_many(self, elements: list[Element]) -> list[Any]:
