@@ -67,10 +67,10 @@ class Trace:
         self.t_end = now()
         self.extra["tail"] = {"rows": len(rows), "samples": s, "tokens": t}
 
-    def to_json(self) -> dict:
+    def report(self) -> dict:
         return {"t_start": self.t_start, "t_first": self.t_first, "t_end": self.t_end,
                 "events": self.events, "produced": sorted(self.produced),
-                "tally": self.tally.to_json(), "extra": self.extra}
+                "tally": self.tally.report(), "extra": self.extra}
 
 
 # --- zephon ------------------------------------------------------------------

@@ -46,14 +46,16 @@ class Dataset:
     reader: ShardReader
     weight: float = 1.0
     #: the format its records are read as (``llava``, ``webdataset``...; "" when built
-    #: from a reader alone); not part of `describe`, so no fingerprint depends on it
+    #: from a reader alone); not part of `identity`, so no fingerprint depends on it
     format: str = ""
 
-    def describe(self) -> dict:
+    def identity(self) -> dict:
+        """What a checkpoint fingerprint records about this dataset: name, weight and
+        every shard's `ShardReader.shard_identity`."""
         return {
             "name": self.name,
             "weight": self.weight,
-            "shards": [self.reader.describe_shard(s) for s in range(self.reader.num_shards)],
+            "shards": [self.reader.shard_identity(s) for s in range(self.reader.num_shards)],
         }
 
 

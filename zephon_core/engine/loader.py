@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def empty_dataset_message(j: int, dataset: Dataset, shards: int) -> str:
-    names = [str(dataset.reader.describe_shard(s).get("name", s)) for s in range(min(shards, 3))]
+    names = [str(dataset.reader.shard_identity(s).get("name", s)) for s in range(min(shards, 3))]
     where = f"{shards} shard(s): {', '.join(names)}{', ...' if shards > 3 else ''}"
     return (f"dataset {j} ({dataset.name!r}) has no samples in its {where}; check its paths "
             "and that the files hold samples")
