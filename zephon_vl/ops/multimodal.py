@@ -262,7 +262,7 @@ class TokenizeMultimodal(TokenizerTransform):
                 **({"chat": chat} if chat else {})}
 
     def setup(self) -> None:
-        if self._tok is None:  # first use, or after `unload`
+        if self._tok is None:  # first use, or after `release`
             super().setup()
             self._ids = self.family.special_tokens(self._tok)
 
