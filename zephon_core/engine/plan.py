@@ -72,8 +72,7 @@ class Plan:
         self.stages: list[Stage] = []
         for op in ops:
             if isinstance(op, Transform):
-                name, workers = execution.runner_for(op)
-                kind = RunnerKind(name)
+                kind, workers = execution.runner_for(op)
                 last = self.stages[-1] if self.stages else None
                 if (execution.fuse and last is not None and last.kind is StageKind.TRANSFORM
                         and (last.runner_kind, last.workers) == (kind, workers)):
