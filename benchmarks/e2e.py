@@ -41,7 +41,7 @@ import numpy as np
 from zephon_bench.loaders import LastStageWatch, Trace, now, run_shares, zephon_execution
 from zephon_bench.workload import Work, WorkSpec, sample_checksum
 
-from zephon_core import Dropped, Origin, Pointer, Row
+from zephon_core import Dropped, Origin, Pointer, Row, StageKind
 
 SIDE_KEYS = ("bench_samples", "bench_dropped")
 
@@ -134,10 +134,10 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     trace = Trace()
     watch = LastStageWatch()
     loader = Loader(recipe, 0, 1, ex, observer=watch, background=bool(params.get("background")))
-    watch.stage = max(s.index for s in loader.plan.stages if s.kind == "transform")
+    watch.stage = max(s.index for s in loader.plan.stages if s.kind is StageKind.TRANSFORM)
     try:
         trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
-                               for s in loader.plan.stages if s.kind == "transform"]
+                               for s in loader.plan.stages if s.kind is StageKind.TRANSFORM]
         for batch in loader:
             meta = loader.last_meta
             ids = np.asarray([(o.shard, o.index, e - s) for row in meta.rows

@@ -55,7 +55,7 @@ def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
     from zephon_bench.loaders import zephon_execution
     from zephon_bench.workload import WorkSpec
 
-    from zephon_core import Loader, StageEvent
+    from zephon_core import Loader, StageEvent, StageKind
 
     spec = WorkSpec.from_json(spec_json)
     recipe = spec.recipe()
@@ -64,7 +64,7 @@ def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
     t0 = time.monotonic()
     loader = Loader(recipe, 0, 1, ex, observer=events.append)
     t_built = time.monotonic()
-    last = max(s.index for s in loader.plan.stages if s.kind == "transform")
+    last = max(s.index for s in loader.plan.stages if s.kind is StageKind.TRANSFORM)
     it = iter(loader)
     batch = next(it)
     t_first = time.monotonic()
@@ -81,7 +81,7 @@ def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
         "samples_before_first_batch": sum(e.elements for e in done),
         "rows_in_first_batch": n_rows,
         "workers": [f"{s.name}:{s.runner_kind}x{s.workers}" for s in loader.plan.stages
-                    if s.kind == "transform"],
+                    if s.kind is StageKind.TRANSFORM],
         "group_size": ex.group_size,
         "worker_start_s": [round(t, 3) for r in loader.runners.values()
                            for t in getattr(r, "start_times", [])],

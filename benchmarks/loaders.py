@@ -30,7 +30,7 @@ from typing import Any
 
 from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
-from zephon_core import Dropped, Origin, Pointer, Row, StageEvent
+from zephon_core import Dropped, Origin, Pointer, Row, StageEvent, StageKind
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
 
@@ -67,10 +67,10 @@ class Trace:
         self.t_end = now()
         self.extra["tail"] = {"rows": len(rows), "samples": s, "tokens": t}
 
-    def to_json(self) -> dict:
+    def report(self) -> dict:
         return {"t_start": self.t_start, "t_first": self.t_first, "t_end": self.t_end,
                 "events": self.events, "produced": sorted(self.produced),
-                "tally": self.tally.to_json(), "extra": self.extra}
+                "tally": self.tally.report(), "extra": self.extra}
 
 
 # --- zephon ------------------------------------------------------------------
@@ -129,10 +129,10 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     trace = Trace()
     watch = LastStageWatch()
     loader = Loader(recipe, 0, 1, ex, observer=watch)
-    watch.stage = max(s.index for s in loader.plan.stages if s.kind == "transform")
+    watch.stage = max(s.index for s in loader.plan.stages if s.kind is StageKind.TRANSFORM)
     try:
         trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
-                               for s in loader.plan.stages if s.kind == "transform"]
+                               for s in loader.plan.stages if s.kind is StageKind.TRANSFORM]
         dropped = 0
         while (rows := loader.next_rows()) is not None:
             trace.batch(rows)

@@ -379,7 +379,7 @@ def child_main(job_json: str, result_path: str) -> int:
     spec = WorkSpec.from_json(job["spec"])
     runners = e2e.RUNNERS if job.get("mode") == "e2e" else loaders.RUNNERS
     trace = runners[job["family"]](spec, job["params"])
-    atomic_write(result_path, json.dumps(trace.to_json()))
+    atomic_write(result_path, json.dumps(trace.report()))
     del trace
     _release_grain_shm()
     return 0

@@ -170,7 +170,7 @@ class Tally:
         self.images += im
         return s, t, im
 
-    def to_json(self) -> dict:
+    def report(self) -> dict:
         return {**asdict(self), "checksum": f"{self.checksum:016x}"}
 
 

@@ -155,9 +155,9 @@ class Recipe:
             "seq_len": self.seq_len,
             "seed": self.seed,
             "epochs": self.epochs,
-            "shuffle": self.shuffle.settings_dict(),
+            "shuffle": self.shuffle.settings(),
             "mixture": [d.weight for d in self.datasets],
-            "datasets": [d.describe() for d in self.datasets],
+            "datasets": [d.identity() for d in self.datasets],
             "operators": [{"name": o.name, "type": type(o).__name__, **o.settings()}
                           for o in self.ops],
             "collate": settings() if callable(settings) else type(self.collate).__name__,

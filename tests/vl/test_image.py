@@ -315,9 +315,9 @@ def test_truncated_images_flag_set_elsewhere_is_refused(monkeypatch):
 # --- settings and backend ---------------------------------------------------------------
 
 
-def test_settings_dict_is_json_and_frozen():
+def test_image_settings_are_json_and_frozen():
     s = ImageSettings(image_mean=[0.5, 0.5, 0.5], image_std=(0.5, 0.5, 0.5))
-    d = s.settings_dict()
+    d = s.settings()
     assert json.loads(json.dumps(d)) == d
     assert d["image_mean"] == [0.5, 0.5, 0.5] and d["normalize"] == "collate"
     assert hash(s) == hash(ImageSettings(image_mean=(0.5, 0.5, 0.5), image_std=(0.5,) * 3))

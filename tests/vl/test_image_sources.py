@@ -48,7 +48,7 @@ def test_exif_transpose_can_be_turned_off() -> None:
     off = ImageSettings(max_pixels=64 * 28 * 28, exif_transpose=False)
     assert np.array_equal(process_image(tagged, off).pixel_values,
                           process_image(_png(_photo()), off).pixel_values)
-    assert off.settings_dict()["exif_transpose"] is False
+    assert off.settings()["exif_transpose"] is False
 
 
 def test_sixteen_bit_greyscale_is_scaled_not_clipped() -> None:

@@ -129,7 +129,7 @@ def test_corrupt_video(cut):
 
 
 def test_video_settings():
-    d = VideoSettings().settings_dict()
+    d = VideoSettings().settings()
     assert json.loads(json.dumps(d)) == d
     with pytest.raises(ConfigError):
         VideoSettings(min_frames=8, max_frames=4)

@@ -108,8 +108,8 @@ def test_no_folder_is_a_configuration_error():
 
 
 def test_the_folder_is_in_the_fingerprint_only_when_set():
-    assert "video_folder" not in VideoSettings().settings_dict()
-    assert VideoSettings(video_folder="s3://b/v").settings_dict()["video_folder"] == "s3://b/v"
+    assert "video_folder" not in VideoSettings().settings()
+    assert VideoSettings(video_folder="s3://b/v").settings()["video_folder"] == "s3://b/v"
     assert video_location("clips/a.mp4", "s3://b/videos/") == "s3://b/videos/clips/a.mp4"
     assert video_location("clips/a.mp4", "/data/v") == str(Path("/data/v") / "clips/a.mp4")
 

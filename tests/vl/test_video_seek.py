@@ -278,8 +278,8 @@ def test_decode_settings_are_checked_and_stay_out_of_the_fingerprint():
         VideoSettings(decode="fast")
     with pytest.raises(ConfigError, match="decoder_threads"):
         VideoSettings(decoder_threads=0)
-    base = VideoSettings().settings_dict()
-    assert VideoSettings(decode="seek", decoder_threads=4).settings_dict() == base
+    base = VideoSettings().settings()
+    assert VideoSettings(decode="seek", decoder_threads=4).settings() == base
     assert "decode" not in base and "decoder_threads" not in base
 
 

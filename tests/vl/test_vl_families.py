@@ -250,9 +250,9 @@ def test_a_family_owns_its_geometry(tiny_patches, tmp_path_factory) -> None:
 def test_new_image_settings_keep_old_fingerprints() -> None:
     from zephon_vl import ImageSettings
 
-    old = ImageSettings().settings_dict()
+    old = ImageSettings().settings()
     assert not {"patch_order", "resize", "max_patches", "max_patches_per_side"} & set(old)
-    raster = ImageSettings(patch_order="raster").settings_dict()
+    raster = ImageSettings(patch_order="raster").settings()
     assert raster["patch_order"] == "raster" and raster != old
     with pytest.raises(ConfigError, match="patch_order"):
         ImageSettings(patch_order="zigzag")

@@ -63,13 +63,13 @@ def test_round_trip_equals_webdataset(shard: Path) -> None:
     assert [strip(s) for s in got] == wds_samples(shard)
     assert r.shard_len(0) == 40 and got[9]["1.jpg"] == b"b" * 609
     assert {s["__shard__"] for s in got} == {shard.name}
-    assert r.describe_shard(0) == {
+    assert r.shard_identity(0) == {
         "name": shard.name,
         "size": shard.stat().st_size,
         "num_samples": 40,
         "sha256": hashlib.sha256(shard.read_bytes()).hexdigest(),
     }
-    json.dumps(r.describe_shard(0))
+    json.dumps(r.shard_identity(0))
 
 
 def test_odd_members_follow_webdataset_rules(tmp_path: Path) -> None:

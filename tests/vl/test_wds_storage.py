@@ -60,7 +60,7 @@ def test_file_urls_read_like_paths(shards: list[Path]) -> None:
     for s in range(3):
         for i in range(10):
             assert urls.read(s, i) == plain.read(s, i)
-    assert urls.describe_shard(1) == plain.describe_shard(1)
+    assert urls.shard_identity(1) == plain.shard_identity(1)
 
 
 def test_lengths_are_lazy_and_come_from_sidecars(shards: list[Path]) -> None:
@@ -90,5 +90,5 @@ def test_index_command_writes_a_manifest_the_reader_uses(shards: list[Path], tmp
     plain = WebDatasetReader(shards)
     r = reader_from_manifest(out)
     assert r.shard_lengths() == [10, 10, 10] and r.open_shards() == 0
-    assert [r.describe_shard(s) for s in range(3)] == [plain.describe_shard(s) for s in range(3)]
+    assert [r.shard_identity(s) for s in range(3)] == [plain.shard_identity(s) for s in range(3)]
     assert r.read(2, 4) == plain.read(2, 4)

@@ -150,8 +150,8 @@ class RenamedText:
     def shard_len(self, shard: int) -> int:
         return self.reader.shard_len(shard)
 
-    def describe_shard(self, shard: int) -> dict:
-        return {**self.reader.describe_shard(shard), "fields": {"text": self.key}}
+    def shard_identity(self, shard: int) -> dict:
+        return {**self.reader.shard_identity(shard), "fields": {"text": self.key}}
 
     def read(self, shard: int, index: int) -> Any:
         record = self.reader.read(shard, index)

@@ -23,7 +23,7 @@ from zephon_core.errors import ConfigError
 class ShardReader(Protocol):
     """What a dataset needs from its storage: shards of numbered samples.
 
-    Required: `num_shards`, `shard_len`, `describe_shard` (a JSON view of one shard for
+    Required: `num_shards`, `shard_len`, `shard_identity` (a JSON view of one shard for
     fingerprints and errors) and `read`. A reader may also offer optional capabilities,
     each a small protocol below, which the engine uses when present (and never needs):
 
@@ -40,7 +40,7 @@ class ShardReader(Protocol):
 
     def shard_len(self, shard: int) -> int: ...
 
-    def describe_shard(self, shard: int) -> dict: ...
+    def shard_identity(self, shard: int) -> dict: ...
 
     def read(self, shard: int, index: int) -> Any: ...
 
@@ -93,7 +93,7 @@ class InMemoryReader:
     def shard_len(self, shard: int) -> int:
         return len(self.shards[shard])
 
-    def describe_shard(self, shard: int) -> dict:
+    def shard_identity(self, shard: int) -> dict:
         blob = json.dumps(self.shards[shard], sort_keys=True, default=str).encode()
         return {
             "name": f"{self.name}[{shard}]",
@@ -105,7 +105,7 @@ class InMemoryReader:
         return self.shards[shard][index]
 
 
-def _file_description(path: Path, samples: int) -> dict:
+def _file_identity(path: Path, samples: int) -> dict:
     return {"name": path.name, "bytes": path.stat().st_size, "samples": samples}
 
 
@@ -138,8 +138,8 @@ class JsonlReader:
     def shard_len(self, shard: int) -> int:
         return self._sizes[shard]
 
-    def describe_shard(self, shard: int) -> dict:
-        return _file_description(self.paths[shard], self._sizes[shard])
+    def shard_identity(self, shard: int) -> dict:
+        return _file_identity(self.paths[shard], self._sizes[shard])
 
     def _line_offsets(self, shard: int) -> np.ndarray:
         """`[2, n]` array: start offset and length of each non-empty line."""
@@ -196,8 +196,8 @@ class ParquetReader:
     def shard_len(self, shard: int) -> int:
         return int(self._group_starts[shard][-1])
 
-    def describe_shard(self, shard: int) -> dict:
-        return _file_description(self.paths[shard], self.shard_len(shard))
+    def shard_identity(self, shard: int) -> dict:
+        return _file_identity(self.paths[shard], self.shard_len(shard))
 
     def read(self, shard: int, index: int) -> Any:
         import pyarrow.parquet as pq

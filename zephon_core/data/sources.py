@@ -47,14 +47,16 @@ class Dataset:
     reader: ShardReader
     weight: float = 1.0
     #: the format its records are read as (``llava``, ``webdataset``...; "" when built
-    #: from a reader alone); not part of `describe`, so no fingerprint depends on it
+    #: from a reader alone); not part of `identity`, so no fingerprint depends on it
     format: str = ""
 
-    def describe(self) -> dict:
+    def identity(self) -> dict:
+        """What a checkpoint fingerprint records about this dataset: name, weight and
+        every shard's `ShardReader.shard_identity`."""
         return {
             "name": self.name,
             "weight": self.weight,
-            "shards": [self.reader.describe_shard(s) for s in range(self.reader.num_shards)],
+            "shards": [self.reader.shard_identity(s) for s in range(self.reader.num_shards)],
         }
 
 
@@ -69,7 +71,7 @@ class ShuffleSettings:
         256, unit="samples", help="cut the epoch's sequence into blocks of this many samples "
         "and permute the blocks, so a lane's stream mixes shards at a coarse grain (0: off)")
 
-    def settings_dict(self) -> dict:
+    def settings(self) -> dict:
         return {"shards": self.shards, "within_shard": self.within_shard,
                 "block_size": self.block_size}
 

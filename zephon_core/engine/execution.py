@@ -9,7 +9,7 @@ from typing import Any
 from zephon_core.common.settings import from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
-from zephon_core.engine.kinds import RUNNERS
+from zephon_core.engine.kinds import RUNNERS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
@@ -160,7 +160,7 @@ class Execution:
             raise ConfigError(f"workers must map operator names to counts, or be {AUTO!r}; "
                               f"got {self.workers!r}")
         for kind in [self.runner, *self.runners.values()]:
-            if kind not in (*RUNNERS, "auto"):
+            if kind not in (*RUNNERS, AUTO):
                 raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
         bad = {k: v for k, v in self.ray_resources.items()
                if not isinstance(k, str) or isinstance(v, bool)
@@ -206,15 +206,17 @@ class Execution:
         """The settings the engine installs wherever shards are opened and read."""
         return StorageSettings(self.retry, self.coalesce)
 
-    def runner_for(self, t: Transform) -> tuple[str, int]:
-        kind = self.runners.get(t.name, self.runner)
-        if kind == "auto":
-            kind = t.default_runner or "inline"
-        if kind == "inline":
+    def runner_for(self, t: Transform) -> tuple[RunnerKind, int]:
+        """Where `t` runs and with how many workers."""
+        name = self.runners.get(t.name, self.runner)
+        if name == AUTO:
+            name = t.default_runner or RunnerKind.INLINE
+        kind = RunnerKind(name)
+        if kind is RunnerKind.INLINE:
             return kind, 1
         default = self.default_workers
         if default is None:
-            default = worker_budget() if kind in ("processes", "ray") else 1
+            default = worker_budget() if kind in (RunnerKind.PROCESSES, RunnerKind.RAY) else 1
         if isinstance(self.workers, str):  # auto: `Plan` splits the budget afterwards
             return kind, default
         return kind, self.workers.get(t.name, default)

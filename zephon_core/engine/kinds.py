@@ -18,8 +18,9 @@ class RunnerKind(StrEnum):
     @property
     def singular(self) -> str:
         """One worker of this kind, as `explain()` counts it: ``1 thread``, ``1 process``."""
-        return {"threads": "thread", "processes": "process", "ray": "Ray task"}.get(
-            self.value, self.value)
+        names = {RunnerKind.THREADS: "thread", RunnerKind.PROCESSES: "process",
+                 RunnerKind.RAY: "Ray task"}
+        return names.get(self, self.value)
 
 
 #: every runner kind's name, in order (the choices of `Execution.runner`, with ``auto``)

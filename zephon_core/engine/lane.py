@@ -21,6 +21,7 @@ from zephon_core.data.sources import LaneSource
 from zephon_core.engine.backlog import Backlog
 from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.digest_book import DigestBook
+from zephon_core.engine.kinds import StageKind
 from zephon_core.engine.observe import DRIVER, Span, StageEvent, StageObserver
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
@@ -144,17 +145,19 @@ class LaneRun:
         self._group_size = plan.execution.group_size
         self._prefetch = plan.prefetch
         self._budget = plan.prefetch * plan.execution.group_size
-        self._t = {s.index: _TransformState() for s in self._stages if s.kind == "transform"}
+        self._t = {s.index: _TransformState() for s in self._stages
+                   if s.kind is StageKind.TRANSFORM}
         self._inbox: dict[int, deque[tuple[Origin, Any]]] = {
-            s.index: deque() for s in self._stages if s.kind != "transform"}
+            s.index: deque() for s in self._stages if s.kind is not StageKind.TRANSFORM}
         # A snapshot names stateful stages by their operator's position in the recipe, not
         # by stage number: fusing transforms is an execution choice, so stage numbers
         # differ between executions while operator positions never do.
         self._op_of_stage = {s.index: plan.ops.index(s.ops[0]) for s in self._stages
-                             if s.kind != "transform"}
+                             if s.kind is not StageKind.TRANSFORM}
         self._stage_of_op = {op: stage for stage, op in self._op_of_stage.items()}
         self._accs: dict[int, Accumulator] = {
-            s.index: s.ops[0].make(lane, seed) for s in self._stages if s.kind == "accumulator"}
+            s.index: s.ops[0].make(lane, seed) for s in self._stages
+            if s.kind is StageKind.ACCUMULATOR}
         self._combiner_index = self._stages[-1].index
         self._combiner: Combiner = plan.combiner.make(lane, seed)
         self._rows: deque[tuple[Row, dict | None]] = deque()
@@ -471,7 +474,7 @@ class LaneRun:
             return False
         moved = False
         for s in self._stages:
-            if s.kind == "transform" or s.index in self._flushed:
+            if s.kind is StageKind.TRANSFORM or s.index in self._flushed:
                 continue
             if not (self._empty_before(s.index) and not self._inbox[s.index]):
                 break
@@ -493,7 +496,7 @@ class LaneRun:
         out: dict[str, list[Origin]] = {}
         start = 0
         for s in self._stages:
-            if s.kind == "transform":
+            if s.kind is StageKind.TRANSFORM:
                 continue
             origins = [o for o, _ in self._inbox[s.index]]
             for j in range(s.index - 1, start - 1, -1):
@@ -555,14 +558,14 @@ class LaneRun:
             self._dropped = dict(snap.dropped)
             start = 0
             for s in self._stages:
-                if s.kind == "transform":
+                if s.kind is StageKind.TRANSFORM:
                     continue
                 key = str(self._op_of_stage[s.index])
                 origins = snap.pending[key]
                 entry = start if start < s.index else s.index
                 for o, p in zip(origins, self._recompute(origins, entry), strict=True):
                     self._to_stage(entry, o, p)
-                if s.kind == "accumulator":
+                if s.kind is StageKind.ACCUMULATOR:
                     self._accs[s.index].restore(snap.accumulators[key],
                                                lambda os_, i=s.index: self._recompute(os_, i))
                 start = s.index + 1

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def empty_dataset_message(j: int, dataset: Dataset, shards: int) -> str:
-    names = [str(dataset.reader.describe_shard(s).get("name", s)) for s in range(min(shards, 3))]
+    names = [str(dataset.reader.shard_identity(s).get("name", s)) for s in range(min(shards, 3))]
     where = f"{shards} shard(s): {', '.join(names)}{', ...' if shards > 3 else ''}"
     return (f"dataset {j} ({dataset.name!r}) has no samples in its {where}; check its paths "
             "and that the files hold samples")
@@ -111,7 +111,7 @@ class Loader(BackgroundSteps):
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
-        self.plan.release_driver_tokenizers()  # read while the recipe was built
+        self.plan.release_remote_operators()  # read while the recipe was built
         self.gather = gather
         self._sizes = sizes
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
@@ -501,7 +501,7 @@ class Loader(BackgroundSteps):
         self.step = self._produced = int(state["step"])
         self._failed = None
         self._build_lanes(snaps)
-        self.plan.release_driver_tokenizers()  # loaded to recompute the lanes' payloads
+        self.plan.release_remote_operators()  # loaded to recompute the lanes' payloads
         if self.ledger is not None:
             self.ledger.restart()
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_core.engine.kinds import StageKind
 from zephon_core.engine.observe import DRIVER, Span, StageEvent
 
 log = logging.getLogger(__name__)
@@ -375,7 +376,7 @@ def recorder_for(loader: Any, wait_warn_share: float | None) -> MetricsRecorder:
 
     stages = []
     for st in loader.plan.stages:
-        if st.kind != "transform":
+        if st.kind is not StageKind.TRANSFORM:
             stages.append((st.name, DRIVER, 1))
         else:
             runner = loader.runners.get(st.index)

@@ -16,7 +16,6 @@ from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runners import Runner, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
-from zephon_core.ops.text import TokenizerTransform, forget_tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,7 @@ class Plan:
         self.stages: list[Stage] = []
         for op in ops:
             if isinstance(op, Transform):
-                name, workers = execution.runner_for(op)
-                kind = RunnerKind(name)
+                kind, workers = execution.runner_for(op)
                 last = self.stages[-1] if self.stages else None
                 if (execution.fuse and last is not None and last.kind is StageKind.TRANSFORM
                         and (last.runner_kind, last.workers) == (kind, workers)):
@@ -130,21 +128,15 @@ class Plan:
                         for op in s.ops],  # type: ignore[misc]
                        storage=self.execution.storage())
 
-    def release_driver_tokenizers(self) -> None:
-        """When every tokenizing transform runs in worker processes or Ray tasks (each
-        worker loads its own):
-        drop the tokenizers this process loaded to build the recipe or to recompute
-        payloads on restore, and return their memory."""
-        stages = [s for s in self.stages if s.kind is StageKind.TRANSFORM
-                  and any(isinstance(op, TokenizerTransform) for op in s.ops)]
+    def release_remote_operators(self) -> None:
+        """`Transform.release` on every operator of the stages that run in worker processes
+        or Ray tasks (each loads its own): this process lets go of what it loaded to build
+        the recipe or to recompute payloads on restore."""
         remote = (RunnerKind.PROCESSES, RunnerKind.RAY)
-        if not stages or any(s.runner_kind not in remote for s in stages):
-            return
-        for s in stages:
-            for op in s.ops:
-                if isinstance(op, TokenizerTransform):
-                    op.unload()
-        forget_tokenizers()
+        for s in self.stages:
+            if s.kind is StageKind.TRANSFORM and s.runner_kind in remote:
+                for op in s.ops:
+                    op.release()  # type: ignore[attr-defined]
 
     def make_runners(self) -> dict[int, Runner]:
         ex = self.execution

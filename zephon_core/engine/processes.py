@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from zephon_core.engine import shm
+from zephon_core.engine.kinds import RunnerKind
 from zephon_core.engine.runners import MAX_ATTEMPTS, CpuMeter, Runner
 from zephon_core.engine.workers import (
     death_advice,
@@ -71,7 +72,7 @@ class ProcessRunner(Runner):
     `resize` changes the number of workers while it runs (`Execution(workers="auto")`).
     """
 
-    kind = "processes"
+    kind = RunnerKind.PROCESSES
     per_worker_inflight = 2
 
     def __init__(self, fn: StageFn, workers: int, start_method: str = "spawn",

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.engine.kinds import RunnerKind
 from zephon_core.engine.runners import MAX_ATTEMPTS, Runner
 from zephon_core.engine.workers import sendable_error
 from zephon_core.errors import ConfigError
@@ -231,7 +232,7 @@ class RayRunner(Runner):
     the latest cluster started on this machine, else a local instance).
     """
 
-    kind = "ray"
+    kind = RunnerKind.RAY
     per_worker_inflight = 2
 
     def __init__(self, fn: StageFn, workers: int, name: str = "stage",

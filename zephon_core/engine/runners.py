@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from zephon_core.engine.kinds import RUNNERS
+from zephon_core.engine.kinds import RUNNERS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element
@@ -64,7 +64,7 @@ class CpuMeter:
 
 
 class Runner:
-    kind = "inline"
+    kind = RunnerKind.INLINE
     workers = 1
     #: CPU its workers spent in the stage (None: not measured, e.g. Ray tasks)
     cpu: CpuMeter | None = None
@@ -101,7 +101,7 @@ class InlineRunner(Runner):
 
 
 class ThreadRunner(Runner):
-    kind = "threads"
+    kind = RunnerKind.THREADS
 
     def __init__(self, fn: StageFn, workers: int) -> None:
         self.fn = fn
@@ -128,18 +128,18 @@ class ThreadRunner(Runner):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def make_runner(kind: str, fn: StageFn, workers: int, start_method: str, name: str,
+def make_runner(kind: RunnerKind | str, fn: StageFn, workers: int, start_method: str, name: str,
                 group_timeout: float | None = None, ray_address: str | None = None,
                 ray_resources: dict[str, float] | None = None) -> Runner:
-    if kind == "inline":
+    if kind == RunnerKind.INLINE:
         return InlineRunner(fn)
-    if kind == "threads":
+    if kind == RunnerKind.THREADS:
         return ThreadRunner(fn, workers)
-    if kind == "processes":
+    if kind == RunnerKind.PROCESSES:
         from zephon_core.engine.processes import ProcessRunner
 
         return ProcessRunner(fn, workers, start_method, name, group_timeout)
-    if kind == "ray":
+    if kind == RunnerKind.RAY:
         from zephon_core.engine.ray_runner import RayRunner
 
         return RayRunner(fn, workers, name, group_timeout, ray_address, ray_resources)

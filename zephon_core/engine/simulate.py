@@ -67,10 +67,11 @@ class StepRecord:
     fill: float
     drops: int
     seconds: float
-    #: the global step itself (batch, rows, ledger line); not part of `to_json`
+    #: the global step itself (batch, rows, ledger line); not part of `report`
     out: GlobalStep | None = field(default=None, repr=False, compare=False)
 
-    def to_json(self) -> dict:
+    def report(self) -> dict:
+        """The step as ``zephon-vl digest`` prints it: for people and tools, never read back."""
         return {"step": self.step, "sha256": self.sha256, "dp": self.dp, "phase": self.phase,
                 "rows": self.rows, "tokens": self.tokens, "fill": round(self.fill, 4),
                 "drops": self.drops, "seconds": round(self.seconds, 4)}

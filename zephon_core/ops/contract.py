@@ -51,6 +51,15 @@ class Transform(Operator):
     def setup(self) -> None:
         """Called once in each process before the first `process_many` (load models here)."""
 
+    def release(self) -> None:
+        """Drop what this operator can load again where it runs (a tokenizer, a model).
+
+        Optional. Called in the driver when the operator's stage runs remotely (worker
+        processes or Ray tasks, each of which loads its own): the driver loaded it only
+        to build the recipe or to recompute payloads on restore. `setup` must load it
+        again. The default holds nothing to drop.
+        """
+
     @abstractmethod
     def process_many(self, elements: list[Element]) -> list[Any]:
         """One output (or `Dropped`) per input element, in order."""

@@ -131,9 +131,11 @@ class TokenizerTransform(Transform):
         if self._tok is None:
             self._tok = load_tokenizer(self.tokenizer_path)
 
-    def unload(self) -> None:
-        """Let go of the tokenizer in this process (`setup` loads it again)."""
+    def release(self) -> None:
+        """Let go of the tokenizer in this process and return its memory (`setup` loads
+        it again)."""
         self._tok = None
+        forget_tokenizers()
 
 
 class Tokenize(TokenizerTransform):

@@ -59,5 +59,5 @@ def cmd_check_batches(args: argparse.Namespace) -> int:
               f"{report.micro_batches_without_vision} micro-batches without vision: accepted")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([r.to_json() for r in reports], f, indent=1)
+            json.dump([r.report() for r in reports], f, indent=1)
     return 0

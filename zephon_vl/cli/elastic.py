@@ -42,7 +42,7 @@ def _simulated(args: argparse.Namespace, resume: list[int]) -> dict[int, dict[st
     for rec in reference:
         col = f"D={rec.dp}" + ("" if rec.phase == "run" else " (resumed)")
         table.setdefault(rec.step, {})[col] = rec.sha256
-        print(json.dumps(rec.to_json()), file=sys.stderr, flush=True)
+        print(json.dumps(rec.report()), file=sys.stderr, flush=True)
     return table
 
 

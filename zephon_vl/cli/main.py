@@ -127,7 +127,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         relane = lambda: load_recipe(args.recipe, num_lanes=args.resume_lanes)  # noqa: E731
     for rec in run_digests(make, args.dp, args.steps, ex, args.save_at, resume, keep_state,
                            args.ledger, args.resume_global_batch_size, relane):
-        print(json.dumps(rec.to_json()), flush=True)
+        print(json.dumps(rec.report()), flush=True)
     return 0
 
 

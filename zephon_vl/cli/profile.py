@@ -29,7 +29,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from zephon_core import RunnerKind
 from zephon_vl.cli.main import add_execution_args, command, execution_from
+
+#: the runners whose stages have workers of their own in this machine, measured by CPU
+_WORKER_KINDS = (RunnerKind.THREADS, RunnerKind.PROCESSES)
 
 
 def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
@@ -38,7 +42,7 @@ def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
     from zephon_core.extend import split_workers
 
     return split_workers({s.name: s.busy_s for s in stages
-                          if s.runner in ("threads", "processes")}, cores)
+                          if s.runner in _WORKER_KINDS}, cores)
 
 
 def workers_flags(split: dict[str, int]) -> str:
@@ -66,7 +70,7 @@ def stage_report(m: Any, plan: Any, before: dict[int, tuple[float, ...]],
             was = was or ()
             secs = [v - (was[k] if k < len(was) else 0.0) for k, v in enumerate(now)]
             row["cpu_s"] = sum(secs)
-            row["cpu_clock"] = "process" if s.runner == "processes" else "thread"
+            row["cpu_clock"] = "process" if s.runner == RunnerKind.PROCESSES else "thread"
             row["operators"] = {op: 1000 * v / per for op, v in zip(ops, secs, strict=False)}
         else:  # a driver stage (or one whose runner does not measure): the driver's seconds
             row["cpu_s"] = s.busy_s
@@ -175,8 +179,8 @@ def driver_share(stages: list[dict[str, Any]], process_cpu_s: float,
                  samples: int) -> dict[str, float]:
     """The driver's CPU: this process's over the run less its thread workers', per
     delivered sample and as a share of all CPU measured (driver + workers)."""
-    in_process = sum(s["cpu_s"] for s in stages if s["runner"] == "threads")
-    workers_cpu = sum(s["cpu_s"] for s in stages if s["runner"] in ("threads", "processes"))
+    in_process = sum(s["cpu_s"] for s in stages if s["runner"] == RunnerKind.THREADS)
+    workers_cpu = sum(s["cpu_s"] for s in stages if s["runner"] in _WORKER_KINDS)
     driver_cpu = max(0.0, process_cpu_s - in_process)
     total_cpu = driver_cpu + workers_cpu
     return {"cpu_s": driver_cpu, "samples": samples,

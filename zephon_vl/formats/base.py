@@ -208,8 +208,8 @@ class FormatReader:
     def shard_len(self, shard: int) -> int:
         return self.records.sizes[shard]
 
-    def describe_shard(self, shard: int) -> dict:
-        return {**self.records.describe(shard), "format": self.format.name,
+    def shard_identity(self, shard: int) -> dict:
+        return {**self.records.shard_identity(shard), "format": self.format.name,
                 "fields": dict(sorted(self.fields.items()))}
 
     def key(self, shard: int, index: int) -> str:

@@ -317,7 +317,8 @@ class RecordFiles:
     def __len__(self) -> int:
         return len(self.files)
 
-    def describe(self, s: int) -> dict:
+    def shard_identity(self, s: int) -> dict:
+        """File `s`' part of its reader's `shard_identity`: name, byte size, record count."""
         return {"name": base_name(self.files[s]), "bytes": self.bytes[s],
                 "samples": self.sizes[s]}
 

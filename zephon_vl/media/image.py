@@ -124,7 +124,7 @@ def warn_if_not_simd() -> None:
 class ImageSettings:
     """Everything that decides the bytes of an image's patch rows (a recipe's ``[image]``).
 
-    ``settings_dict()`` goes into checkpoint fingerprints: changing any field
+    ``settings()`` goes into checkpoint fingerprints: changing any field
     changes the training data, so a resume must refuse it.
     """
 
@@ -196,7 +196,7 @@ class ImageSettings:
         """Side lengths are multiples of this: one merged token covers factor x factor pixels."""
         return self.patch_size * self.merge_size
 
-    def settings_dict(self) -> dict:
+    def settings(self) -> dict:
         """JSON-able view of every field, for checkpoint fingerprints.
 
         The geometry fields added after the first release (`_LATER_FIELDS`) are
@@ -213,7 +213,7 @@ class ImageSettings:
         return d
 
 
-#: Fields that are in `ImageSettings.settings_dict` only when they differ from these.
+#: Fields that are in `ImageSettings.settings` only when they differ from these.
 _LATER_FIELDS = {"patch_order": "block", "resize": "pixels", "max_patches": 16384,
                  "max_patches_per_side": 512}
 

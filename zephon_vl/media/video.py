@@ -104,7 +104,7 @@ class VideoSettings:
             raise ConfigError("VideoSettings.decoder_threads must be >= 1, got "
                               f"{self.decoder_threads}")
 
-    def settings_dict(self) -> dict:
+    def settings(self) -> dict:
         """JSON-able view of the fields that decide the rows, for checkpoint fingerprints.
 
         `decode` and `decoder_threads` change speed only, so they are left out;

@@ -112,7 +112,7 @@ class DecodeVision(Transform):
     def settings(self) -> dict:
         from zephon_vl.media.image import pillow_backend
 
-        return {"image": self.image.settings_dict(), "video": self.video.settings_dict(),
+        return {"image": self.image.settings(), "video": self.video.settings(),
                 "pil": pillow_backend()}
 
     def process_many(self, elements: list[Element]) -> list[Any]:
@@ -262,7 +262,7 @@ class TokenizeMultimodal(TokenizerTransform):
                 **({"chat": chat} if chat else {})}
 
     def setup(self) -> None:
-        if self._tok is None:  # first use, or after `unload`
+        if self._tok is None:  # first use, or after `release`
             super().setup()
             self._ids = self.family.special_tokens(self._tok)
 

@@ -44,7 +44,8 @@ class BatchCheckReport:
     #: per rank, the steps it delivered (equal on every rank, or the pass was cut short)
     steps_per_rank: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any]:
+        """The report as JSON data (``check-batches --json``), never read back."""
         return dataclasses.asdict(self)
 
 

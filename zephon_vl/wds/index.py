@@ -319,10 +319,6 @@ class ShardEntry:
     sha256: str | None
     index: str  # where its sidecar index lies (path or URL)
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": base_name(self.url), "size": self.size,
-                "num_samples": self.num_samples, "sha256": self.sha256}
-
 
 class WebDatasetReader:
     """Reads samples of WebDataset shards (paths or URLs) by ``(shard, index)``.
@@ -438,14 +434,16 @@ class WebDatasetReader:
         """Every shard's sample count (from the manifest when there is one)."""
         return [self.shard_len(s) for s in range(self.num_shards)]
 
-    def describe_shard(self, s: int) -> dict[str, Any]:
+    def shard_identity(self, s: int) -> dict[str, Any]:
         """What a checkpoint fingerprint records about shard `s`: name, size, count and
-        content hash (identity left out: copies of the same bytes differ in mtime)."""
+        content hash (not the storage `identity`: copies of the same bytes differ in mtime)."""
         if self.entries is not None:
-            return self.entries[s].describe()
-        idx = self.index(s)
-        return {"name": idx.name, "size": idx.size, "num_samples": len(idx),
-                "sha256": idx.sha256}
+            e = self.entries[s]
+            name, size, samples, sha256 = base_name(e.url), e.size, e.num_samples, e.sha256
+        else:
+            idx = self.index(s)
+            name, size, samples, sha256 = idx.name, idx.size, len(idx), idx.sha256
+        return {"name": name, "size": size, "num_samples": samples, "sha256": sha256}
 
     def key(self, s: int, i: int) -> str:
         return self.index(s).keys[i]
