@@ -428,3 +428,15 @@ def test_stall_settings_are_checked():
         Execution(stall_seconds=0)
     with pytest.raises(ConfigError, match="stall_drops"):
         Execution(stall_drops=0)
+
+
+@pytest.mark.parametrize("field, value", [("start_method", "bogus"), ("collate_in", "gpu"),
+                                          ("runner", "cluster")])
+def test_execution_choices_are_checked_from_their_declaration(field, value):
+    """Each choice field is refused at construction, naming the allowed values its
+    declaration lists (start_method was accepted and failed later, at the first start)."""
+    from zephon_core import flat_settings
+
+    allowed = next(s.info.choices for s in flat_settings(Execution) if s.name == field)
+    with pytest.raises(ConfigError, match=f"{field}.*{', '.join(allowed)}"):
+        Execution(**{field: value})

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.common.settings import from_flat, parse_items, setting, to_flat
+from zephon_core.common.settings import check_choices, from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
 from zephon_core.engine.kinds import RUNNERS, RunnerKind
@@ -159,9 +159,11 @@ class Execution:
         if isinstance(self.workers, str) and self.workers != AUTO:
             raise ConfigError(f"workers must map operator names to counts, or be {AUTO!r}; "
                               f"got {self.workers!r}")
-        for kind in [self.runner, *self.runners.values()]:
+        check_choices(self)
+        for op, kind in self.runners.items():
             if kind not in (*RUNNERS, AUTO):
-                raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
+                raise ConfigError(f"Execution.runners names runner {kind!r} for {op!r}; "
+                                  f"choose one of {', '.join((AUTO, *RUNNERS))}")
         bad = {k: v for k, v in self.ray_resources.items()
                if not isinstance(k, str) or isinstance(v, bool)
                or not isinstance(v, int | float) or not v > 0}
@@ -179,8 +181,6 @@ class Execution:
         if self.backlog_bytes is not None and self.backlog_bytes < 1:
             raise ConfigError(f"backlog_bytes must be >= 1 or None (no bound), "
                               f"not {self.backlog_bytes!r}")
-        if self.collate_in not in ("thread", "driver"):
-            raise ConfigError(f"collate_in must be 'thread' or 'driver', not {self.collate_in!r}")
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")
