@@ -65,7 +65,7 @@ def test_metrics_count_exactly_what_the_steps_delivered():
     assert sum(last.mixture_samples.values()) == pytest.approx(1.0)
     assert [s.name for s in last.stages] == [s.name for s in stages]
     assert all(0 <= s.utilisation <= 1 for s in last.stages)
-    assert sum(s.groups for s in last.stages) > 0
+    assert sum(s.groups for m in got for s in m.stages) > 0  # in whichever window they ran
     assert 0 < last.wait_share <= 1 and last.wait_s > 0
     scalars = last.scalars()
     assert scalars["zephon/samples_total"] == want_samples

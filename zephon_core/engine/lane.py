@@ -35,6 +35,11 @@ from zephon_core.records import Dropped, Element, Origin, drop_detail
 _KEY_SALT = 0x454C454D
 
 
+#: CPU seconds of work per group while warming: a group costs 1-2 ms to move between
+#: processes (photos in groups of one came 0.4 s later), so costly samples go singly
+WARM_GROUP_CPU_S = 0.02
+
+
 def payload_tokens(payload: Any) -> int:
     """Tokens a payload brings to the combiner (``mix_by = "tokens"`` counts these)."""
     tokens = payload.get("tokens") if isinstance(payload, dict) else None
@@ -163,6 +168,7 @@ class LaneRun:
         self._rows: deque[tuple[Row, dict | None]] = deque()
         self._rows_emitted = 0
         self._want_rows = 0
+        self._warming = False
         self._pending_drops: list[tuple[Origin, str]] = []
         #: the detail of a pending drop, by origin (`drop_detail`; the ledger shows it)
         self._drop_details: dict[Origin, str] = {}
@@ -199,9 +205,15 @@ class LaneRun:
         """Rows made and not yet taken."""
         return len(self._rows)
 
-    def request(self, rows: int) -> None:
-        """Make rows until `rows` have been made in all (the lane draws nothing past that)."""
+    def request(self, rows: int, warming: bool = False) -> None:
+        """Make rows until `rows` have been made in all (the lane draws nothing past that).
+
+        `warming` (the loader's first step after it starts or restores): small groups. A
+        worker serves groups in the order lanes sent them, so whole groups of costly samples
+        would put the first lanes' spare work ahead of the last lanes' first samples.
+        """
         self._want_rows = max(self._want_rows, rows)
+        self._warming = warming
 
     def take(self, n: int) -> Taken:
         """The oldest `n` ready rows (``n <= ready()``), their drops, and the snapshot after
@@ -387,10 +399,19 @@ class LaneRun:
             (self._t[j].count() == 0) if j in self._t else not self._inbox[j]
             for j in range(i))
 
-    def _submit(self, i: int, st: _TransformState) -> None:
-        """Send the oldest waiting elements (up to a group) to stage `i`'s runner. Each
+    def _group_size_now(self, i: int) -> int:
+        """While warming, about `WARM_GROUP_CPU_S` of stage `i`'s CPU (1 before measured)."""
+        if not self._warming:
+            return self._group_size
+        per = self._runners[i].cpu_per_element()
+        if per is None:
+            return 1
+        return max(1, min(self._group_size, int(WARM_GROUP_CPU_S / max(per, 1e-9))))
+
+    def _submit(self, i: int, st: _TransformState, size: int) -> None:
+        """Send the oldest waiting elements (up to `size`) to stage `i`'s runner. Each
         element's randomness key comes from its origin, never from the grouping."""
-        n = min(self._group_size, len(st.waiting))
+        n = min(size, len(st.waiting))
         take = [st.waiting.popleft() for _ in range(n)]
         elements = [Element(element_key(self._seed, o), p, o) for o, p in take]
         observed = self._watched
@@ -426,10 +447,10 @@ class LaneRun:
             self._drain()
         starving = self._source_done or not self._can_pull()
         for i, st in self._t.items():
+            size = self._group_size_now(i)
             while st.waiting and len(st.inflight) < self._prefetch and (
-                    len(st.waiting) >= self._group_size
-                    or (starving and self._empty_before(i))):
-                self._submit(i, st)
+                    len(st.waiting) >= size or (starving and self._empty_before(i))):
+                self._submit(i, st, size)
                 moved = True
         moved |= self._drain()
         return self._flush_if_done() or moved

@@ -166,6 +166,7 @@ class Loader(BackgroundSteps):
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
         r = self.recipe
         self._runs = []
+        self._warming = True
         schedule = r.schedule()
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
@@ -260,6 +261,7 @@ class Loader(BackgroundSteps):
             drops += taken.drops
             assert taken.snapshot is not None, "a step's last row carries the lane's snapshot"
             snaps[run.lane] = taken.snapshot
+        self._warming = False
         self._request(t + 2)
         for run in self._runs:
             run.pump()
@@ -275,10 +277,13 @@ class Loader(BackgroundSteps):
 
     def _request(self, steps: int) -> None:
         """Ask every lane for the rows of the first `steps` steps plus the prefetched ones
-        (`Execution.prefetch_steps`): lanes draw ahead by that much and no more."""
-        rows = self.batches.rows_before(steps + self.execution.prefetch_steps)
+        (`Execution.prefetch_steps`): lanes draw ahead by that much and no more. Until the
+        loader's first step after it starts or restores, only that step's rows, in small
+        groups (`LaneRun.request`): the time to the first batch is the work it needs."""
+        warming = self._warming
+        rows = self.batches.rows_before(steps + (0 if warming else self.execution.prefetch_steps))
         for run in self._runs:
-            run.request(rows)
+            run.request(rows, warming)
 
     def _fill(self, r: int) -> bool:
         """Pump until every lane has `r` ready rows (True) or one has finished short

@@ -53,10 +53,12 @@ RETIRE_PATIENCE_S = 10.0
 
 
 class _Task:
-    __slots__ = ("id", "packed", "future", "attempts", "overdue", "samples")
+    __slots__ = ("id", "packed", "future", "attempts", "overdue", "samples", "size")
 
-    def __init__(self, task_id: int, packed: shm.Packed, future: Future, samples: str) -> None:
+    def __init__(self, task_id: int, packed: shm.Packed, future: Future, samples: str,
+                 size: int) -> None:
         self.id = task_id
+        self.size = size
         self.packed = packed
         self.future = future
         self.attempts = 0
@@ -256,7 +258,8 @@ class ProcessRunner(Runner):
             if self._closed or self._broken:
                 shm.discard(packed)
                 raise RuntimeError(self._broken or f"runner {self.name} is closed")
-            self._pending.append(_Task(self._next_id, packed, fut, samples or "?"))
+            self._pending.append(_Task(self._next_id, packed, fut, samples or "?",
+                                       len(elements)))
             self._next_id += 1
             wake, self._woken = not self._woken, True
         if wake:  # one byte until the dispatcher looks at the queue again
@@ -370,7 +373,7 @@ class ProcessRunner(Runner):
         self._made_progress()
         shm.discard(task.packed)
         if cpu:
-            self.cpu.add(cpu)
+            self.cpu.add(cpu, task.size)
         if status == "ok":
             self._count_pickled(getattr(payload, "items", [payload]))
             try:

@@ -50,9 +50,11 @@ class CpuMeter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: list[float] = []
+        self._elements = 0
 
-    def add(self, seconds: tuple[float, ...]) -> None:
+    def add(self, seconds: tuple[float, ...], elements: int) -> None:
         with self._lock:
+            self._elements += elements
             if len(self._seconds) < len(seconds):
                 self._seconds += [0.0] * (len(seconds) - len(self._seconds))
             for k, v in enumerate(seconds):
@@ -61,6 +63,11 @@ class CpuMeter:
     def read(self) -> tuple[float, ...]:
         with self._lock:
             return tuple(self._seconds)
+
+    def per_element(self) -> float | None:
+        """CPU seconds per element so far, all transforms together (None before any)."""
+        with self._lock:
+            return sum(self._seconds) / self._elements if self._elements else None
 
 
 class Runner:
@@ -73,6 +80,11 @@ class Runner:
         """CPU seconds per transform of the stage since the runner started; () when the
         runner does not measure them."""
         return self.cpu.read() if self.cpu is not None else ()
+
+    def cpu_per_element(self) -> float | None:
+        """CPU seconds one element has cost the stage so far (None: none done yet, or not
+        measured)."""
+        return self.cpu.per_element() if self.cpu is not None else None
 
     def submit(self, elements: list[Element]) -> Future:
         raise NotImplementedError
@@ -93,7 +105,7 @@ class InlineRunner(Runner):
         fut: Future = Future()
         try:
             out, cpu = timed_call(self.fn, elements, time.thread_time)
-            self.cpu.add(cpu)
+            self.cpu.add(cpu, len(elements))
             fut.set_result(out)
         except BaseException as exc:  # noqa: BLE001 - delivered to the consumer
             fut.set_exception(exc)
@@ -118,7 +130,7 @@ class ThreadRunner(Runner):
                     self.fn.setup()
                     self._ready = True
         out, cpu = timed_call(self.fn, elements, time.thread_time)
-        self.cpu.add(cpu)
+        self.cpu.add(cpu, len(elements))
         return out
 
     def submit(self, elements: list[Element]) -> Future:
