@@ -163,6 +163,8 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
     if not quick:
         cfgs += [c("zephon driver thread (background=True)", "zephon",
                    {"execution": {}, "background": True}),
+                 c("zephon forked workers (start_method=fork)", "zephon",
+                   {"execution": {"start_method": "fork"}}),
                  c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
@@ -683,9 +685,9 @@ def _warn(progress: Any, msg: str) -> None:
 
 
 def report_run(progress: Any, key: str, m: dict, disturbed: bool, elapsed_s: float) -> None:
-    """One finished run: its line on a terminal (`zephon_vl.cli.progress.Progress.say`),
-    nothing in a pipe, where only the results are wanted (bench.json keeps every run)."""
-    progress.say(f"  [{elapsed_s:6.1f}s] {key[:66]:<66} "
+    """One finished run: its line above a terminal's progress line, else on stderr (a run
+    of hours in nohup shows how far it got; stdout keeps only the results)."""
+    _warn(progress, f"  [{elapsed_s:6.1f}s] {key[:66]:<66} "
                  f"{m['samples_per_s']:7.1f} samples/s  ttfb {m['ttfb_s'] or 0:5.2f}s  "
                  f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
                  f"outside {100 * m['outside_load']:3.0f}%" + ("  DISTURBED" if disturbed else ""))
