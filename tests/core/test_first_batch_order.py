@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tests.helpers.core import PROCESSED, Spec, build_recipe, recording_tokens, run_digests
 from zephon_core import Execution, Loader
+from zephon_core.engine.lane import GROUP_CPU_S
 from zephon_core.records import Pointer
 
 LANES = 8
@@ -43,8 +44,8 @@ def test_first_groups_change_no_batch() -> None:
         assert run_digests(spec, 2, ex, steps=8) == ref
 
 
-def submitted_sizes(map_fn: object, group_size: int) -> list[int]:
-    """Sizes of the groups the lanes sent before the first batch came back."""
+def submitted_sizes(map_fn: object, group_size: int, steps: int) -> tuple[list, list]:
+    """Sizes of the groups the lanes sent before the first batch came back, and after."""
     from zephon_core.engine.plan import Plan
 
     recipe = build_recipe(SPEC.but(map_fn=map_fn))
@@ -58,14 +59,20 @@ def submitted_sizes(map_fn: object, group_size: int) -> list[int]:
     try:
         with Loader(recipe, 0, 1, ex, runners=runners) as loader:
             assert loader.next_rows() is not None
-            return list(sizes)
+            first = list(sizes)
+            for _ in range(steps):
+                assert loader.next_rows() is not None
+            return first, sizes[len(first):]
     finally:
         for runner in runners.values():
             runner.close()
 
 
-def test_cheap_samples_keep_whole_groups_costly_ones_go_singly() -> None:
-    costly = submitted_sizes(recording_tokens, 16)
-    assert set(costly) == {1}
-    cheap = submitted_sizes(None, 16)
-    assert cheap[0] == 1 and max(cheap) == 16, cheap
+def test_cheap_samples_keep_whole_groups_costly_ones_go_in_small_ones() -> None:
+    first, later = submitted_sizes(recording_tokens, 16, 6)
+    assert set(first) == {1}
+    # 30 ms of CPU a sample: about GROUP_CPU_S (0.1 s) a group, never 16. Whole groups kept
+    # 8 lanes x 2 groups x 16 costly samples in flight (decoded clips: 550 MB).
+    assert later and max(later) <= int(GROUP_CPU_S / 0.03), later
+    first, later = submitted_sizes(None, 16, 6)
+    assert first[0] == 1 and max(first) == 16, first  # whole once measured cheap

@@ -35,9 +35,10 @@ from zephon_core.records import Dropped, Element, Origin, drop_detail
 _KEY_SALT = 0x454C454D
 
 
-#: CPU seconds of work per group while warming: a group costs 1-2 ms to move between
-#: processes (photos in groups of one came 0.4 s later), so costly samples go singly
-WARM_GROUP_CPU_S = 0.02
+#: CPU seconds of work per group while warming (a group costs 1-2 ms to move: photos in
+#: groups of one came 0.4 s later) and after (a lane keeps `prefetch` groups in flight:
+#: whole groups of clips held 550 MB of frames for rows wanted steps later)
+WARM_GROUP_CPU_S, GROUP_CPU_S = 0.02, 0.1
 
 
 def payload_tokens(payload: Any) -> int:
@@ -400,13 +401,12 @@ class LaneRun:
             for j in range(i))
 
     def _group_size_now(self, i: int) -> int:
-        """While warming, about `WARM_GROUP_CPU_S` of stage `i`'s CPU (1 before measured)."""
-        if not self._warming:
-            return self._group_size
+        """At most `group_size` samples, about `GROUP_CPU_S` (warming: `WARM_...`) of CPU."""
         per = self._runners[i].cpu_per_element()
         if per is None:
-            return 1
-        return max(1, min(self._group_size, int(WARM_GROUP_CPU_S / max(per, 1e-9))))
+            return 1 if self._warming else self._group_size
+        target = WARM_GROUP_CPU_S if self._warming else GROUP_CPU_S
+        return max(1, min(self._group_size, int(target / max(per, 1e-9))))
 
     def _submit(self, i: int, st: _TransformState, size: int) -> None:
         """Send the oldest waiting elements (up to `size`) to stage `i`'s runner. Each
