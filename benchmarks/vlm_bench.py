@@ -165,9 +165,7 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
                    {"execution": {}, "background": True}),
                  c("zephon forked workers (start_method=fork)", "zephon",
                    {"execution": {"start_method": "fork"}}),
-                 c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}}),
-                 c("zephon prefetch 1 group per lane", "zephon", {"execution": {"prefetch": 1}}),
-                 c("zephon backlog 96 MB", "zephon", {"execution": {"backlog_bytes": 96 << 20}})]
+                 c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
                {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]
