@@ -229,12 +229,13 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         rng = self.headers.get("Range")
         with self.server.state.lock:  # type: ignore[attr-defined]
             self.server.state.requests.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
-        if rng and self.command == "GET":
-            with self.server.state.lock:  # type: ignore[attr-defined]
-                self.server.state.range_gets += 1  # type: ignore[attr-defined]
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) if b else size - 1, size - 1)
+            if self.command == "GET":
+                with self.server.state.lock:  # type: ignore[attr-defined]
+                    self.server.state.range_gets += 1  # type: ignore[attr-defined]
+                    self.server.state.ranges.append((self.path, start, end + 1))  # type: ignore[attr-defined]
             f.seek(start)
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
@@ -264,12 +265,14 @@ class _QuietServer(ThreadingHTTPServer):
 
 @dataclass
 class HttpServer:
-    """What a caller sees of the HTTP server: its base `url`, the ranged GETs it answered,
-    every request for a file (``"HEAD /a.parquet"``, in order: what a step cost), and
-    `hang` (set: requests are accepted and left unanswered; `hung` tells one was)."""
+    """What a caller sees of the HTTP server: its base `url`, the ranged GETs it answered
+    (`range_gets`; `ranges`: each one's path and byte span ``[start, stop)``), every
+    request for a file (``"HEAD /a.parquet"``, in order: what a step cost), and `hang`
+    (set: requests are accepted and left unanswered; `hung` tells one was)."""
 
     url: str
     range_gets: int = 0
+    ranges: list[tuple[str, int, int]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     hang: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
