@@ -41,7 +41,7 @@ def local(x):
 
 if __name__ == "__main__":
     fn = StageFn([Map(local, name="local")]) if sys.argv[1] == "local" else stage(big)
-    runner = ProcessRunner(fn, workers=2, name="main-test")
+    runner = ProcessRunner(fn, workers=2, start_method="spawn", name="main-test")
     try:
         out = runner.submit(elements(0, 4)).result(timeout=120)
         print(json.dumps({"pids": runner.pids, "n": len(out)}))

@@ -129,3 +129,12 @@ def spin_cpu_10ms(x: int) -> int:
 
 def plus_one(x: int) -> int:
     return x + 1
+
+
+#: set by a driver script before it starts workers (tests/core/test_start_method.py)
+DRIVER_MARK = 0
+
+
+def seen_in_worker(x: int) -> int:
+    """The worker's `DRIVER_MARK`: the driver's value in a forked worker, 0 in a spawned one."""
+    return DRIVER_MARK

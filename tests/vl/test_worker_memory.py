@@ -29,8 +29,11 @@ def _mapped(pid: int) -> str:
 
 
 def test_vlm_workers_do_not_load_torch(shards):
+    """Spawned workers import only what their stage needs (forked ones share the driver's
+    pages, torch's included, without loading anything)."""
     loader = Loader(make_recipe(shards), 0, 1,
-                    Execution(runner="processes", default_workers=2, group_size=2))
+                    Execution(runner="processes", default_workers=2, group_size=2,
+                              start_method="spawn"))
     try:
         batch = next(iter(loader))
         assert batch["pixel_values"].numel() > 0

@@ -9,7 +9,7 @@ from typing import Any
 from zephon_core.common.settings import check_choices, from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
-from zephon_core.engine.kinds import RUNNERS, RunnerKind
+from zephon_core.engine.kinds import RUNNERS, START_METHODS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
@@ -103,8 +103,11 @@ class Execution:
         "every worker two groups, at least 2, so many lanes do not pile up finished "
         "documents in memory)")
     prefetch_steps: int = setting(1, unit="steps", help="steps collated ahead of the trainer")
-    start_method: str = setting("spawn", choices=("spawn", "forkserver", "fork"),
-                                help="how process workers start (multiprocessing)")
+    start_method: str = setting(
+        "auto", choices=START_METHODS, help="how process workers start (multiprocessing). "
+        "auto: fork on Linux when the driver runs no Python thread but zephon's own and "
+        "torch has not initialized CUDA (workers share the loaded tokenizer and libraries: "
+        "a sooner first batch, less memory), else spawn (safe beside a trainer's threads)")
     fuse: bool = setting(True, help="fuse consecutive transforms with the same runner and "
                          "worker count into one stage (one worker call per group)")
     group_timeout: float | None = setting(

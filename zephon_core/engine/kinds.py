@@ -26,6 +26,9 @@ class RunnerKind(StrEnum):
 #: every runner kind's name, in order (the choices of `Execution.runner`, with ``auto``)
 RUNNERS = tuple(k.value for k in RunnerKind)
 
+#: how process workers may start (`Execution.start_method`; ``auto``: fork where safe)
+START_METHODS = ("auto", "spawn", "forkserver", "fork")
+
 
 class StageKind(StrEnum):
     """What a stage does with a lane's elements (a `StrEnum`: equal to its name)."""

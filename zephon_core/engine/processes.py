@@ -31,8 +31,9 @@ from zephon_core.engine.runners import MAX_ATTEMPTS, CpuMeter, Runner
 from zephon_core.engine.workers import (
     death_advice,
     death_cause,
-    lean_spawn,
+    lean_start,
     short_cause,
+    start_method_now,
     worker_main,
 )
 from zephon_core.errors import ConfigError
@@ -77,14 +78,15 @@ class ProcessRunner(Runner):
     kind = RunnerKind.PROCESSES
     per_worker_inflight = 2
 
-    def __init__(self, fn: StageFn, workers: int, start_method: str = "spawn",
+    def __init__(self, fn: StageFn, workers: int, start_method: str = "auto",
                  name: str = "stage", group_timeout: float | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"stage {name}: processes runner needs workers >= 1")
         self.name = name
         self.workers = workers
         self.group_timeout = group_timeout
-        self._ctx = mp.get_context(start_method)
+        #: as asked (`start_method_now` resolves "auto" at each start)
+        self.start_method = start_method
         shm.sweep_orphans()
         self.prefix = f"zephon-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         self._owner = shm.OwnerLock(self.prefix) if shm.available() else None
@@ -151,11 +153,13 @@ class ProcessRunner(Runner):
         return size
 
     def _start_worker(self, i: int) -> None:
-        parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=worker_main,
-                              args=(child, self._fn_bytes, self.prefix, self.pool_bytes),
-                              name=f"zephon-{self.name}-{i}", daemon=True)
-        with lean_spawn(self._ctx.get_start_method(), self._fn_bytes):
+        method = start_method_now(self.start_method)
+        ctx = mp.get_context(method)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=worker_main,
+                        args=(child, self._fn_bytes, self.prefix, self.pool_bytes),
+                        name=f"zephon-{self.name}-{i}", daemon=True)
+        with lean_start(method, self._fn_bytes):
             p.start()
         child.close()
         self._procs[i] = p

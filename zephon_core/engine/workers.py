@@ -10,6 +10,7 @@ files once the driver is gone. What the driver says when a worker dies
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -50,9 +51,34 @@ def _driver_alive(conn: Connection, parent: int) -> bool:
     return True
 
 
+def start_method_now(requested: str) -> str:
+    """The start method for a worker started now: `requested`, or for ``"auto"`` fork
+    where it is safe, else spawn.
+
+    A forked worker shares what the driver has loaded (libraries, the tokenizer), so it
+    is ready in milliseconds and holds little memory of its own; a spawned one loads it
+    all again (about 1 s of CPU for a Qwen tokenizer). Fork is unsafe beside threads that
+    may hold a lock the child then needs, and in a process that has initialized CUDA,
+    so ``"auto"`` forks only on Linux, when every other Python thread is zephon's own
+    (its dispatchers never share a lock with a worker) and torch has not initialized
+    CUDA. A training script's threads (a checkpointer, a logger) mean spawn.
+    """
+    if requested != "auto":
+        return requested
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "spawn"
+    me = threading.current_thread()
+    if any(t is not me and not t.name.startswith("zephon-") for t in threading.enumerate()):
+        return "spawn"
+    return "fork"
+
+
 @contextlib.contextmanager
-def lean_spawn(start_method: str, fn_bytes: bytes) -> Iterator[None]:
-    """Processes spawned inside skip the parent's ``__main__`` unless `fn_bytes` needs it.
+def lean_start(start_method: str, fn_bytes: bytes) -> Iterator[None]:
+    """Processes started inside carry as little of the driver as they can.
 
     Spawn runs the parent's main module (a training script, the ``zephon-vl``
     command: torch and more) in every new process before unpickling its target:
@@ -60,8 +86,21 @@ def lean_spawn(start_method: str, fn_bytes: bytes) -> Iterator[None]:
     pickle names nothing of ``__main__`` never needs that, so while a worker is
     started the main module shows spawn no name or path to run (restored right
     after, under one lock: pools start replacements from their own threads).
+
+    Fork shares the driver's pages until either side writes them, and the child's
+    garbage collector would write every object header it inherited: the driver's
+    objects are frozen (``gc.freeze``) across the fork so the child's collections
+    skip them, and unfrozen in the driver right after.
     """
     main = sys.modules.get("__main__")
+    if start_method == "fork":
+        with _MAIN_LOCK:
+            gc.freeze()
+            try:
+                yield
+            finally:
+                gc.unfreeze()
+        return
     if start_method != "spawn" or main is None or b"__main__" in fn_bytes:
         yield
         return
