@@ -163,8 +163,8 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
     if not quick:
         cfgs += [c("zephon driver thread (background=True)", "zephon",
                    {"execution": {}, "background": True}),
-                 c("zephon forked workers (start_method=fork)", "zephon",
-                   {"execution": {"start_method": "fork"}}),
+                 c("zephon spawned workers (start_method=spawn)", "zephon",
+                   {"execution": {"start_method": "spawn"}}),
                  c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import time
 
 import numpy as np
 import pytest
@@ -177,3 +178,24 @@ def shm_stage():
 
 def grow_one(x: int) -> np.ndarray:
     return np.full(200_000, x % 251, dtype=np.uint8)
+
+
+def test_a_forked_child_does_not_keep_its_parents_owner_lock():
+    """Workers fork by default where it is safe: a child must not hold the driver's
+    owner lock, or once the driver dies its workers' `abandon` finds the lock held (by
+    themselves) and leaves the lock file in /dev/shm."""
+    prefix = f"zephon-forktest-{os.getpid()}-"
+    owner = shm.OwnerLock(prefix)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    try:
+        os.close(owner.fd)  # the driver dies: only the child could hold the lock now
+        owner.fd = -1
+        shm.abandon(prefix, wait_s=1.0)
+        assert not list(shm.SHM_DIR.glob(f"{prefix}*")), "the child kept the lock"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        shm.abandon(prefix)

@@ -23,6 +23,7 @@ URLs it names in errors are those the user gave.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -94,6 +95,15 @@ def _is_permanent(exc: BaseException) -> bool:
 #: went away, not one deadline per group.
 _failing: dict[str, tuple[float, float]] = {}
 _failing_lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    """A forked worker may have been copied while a driver thread held the lock."""
+    global _failing_lock
+    _failing_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def _answered(endpoint: str) -> None:

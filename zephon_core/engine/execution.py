@@ -105,8 +105,8 @@ class Execution:
     prefetch_steps: int = setting(1, unit="steps", help="steps collated ahead of the trainer")
     start_method: str = setting(
         "auto", choices=START_METHODS, help="how process workers start (multiprocessing). "
-        "auto: fork on Linux when the driver runs no Python thread but zephon's own and "
-        "torch has not initialized CUDA (workers share the loaded tokenizer and libraries: "
+        "auto: fork on Linux when every Python thread but the starting one is zephon's own "
+        "and torch has not initialized CUDA (workers share the loaded tokenizer and libraries: "
         "a sooner first batch, less memory), else spawn (safe beside a trainer's threads)")
     fuse: bool = setting(True, help="fuse consecutive transforms with the same runner and "
                          "worker count into one stage (one worker call per group)")

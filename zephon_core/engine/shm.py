@@ -491,7 +491,10 @@ class OwnerLock:
 
     The driver holds an exclusive `flock` on ``<prefix>lock`` for the pool's
     life. The file is locked under a hidden name and then renamed into place,
-    so a sweeper never sees it unlocked while its owner lives.
+    so a sweeper never sees it unlocked while its owner lives. A forked child
+    closes its copy at once (`_after_fork_in_child`): a flock lives while any
+    process holds the file open, so a child that kept it would keep a dead
+    driver's files "owned".
     """
 
     def __init__(self, prefix: str) -> None:
@@ -505,12 +508,34 @@ class OwnerLock:
             os.close(self.fd)
             tmp.unlink(missing_ok=True)
             raise
+        _OWNER_LOCKS.add(self)
 
     def release(self) -> None:
         if self.fd >= 0:
             self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = -1
+        _OWNER_LOCKS.discard(self)
+
+
+_OWNER_LOCKS: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: close the parent's owner locks (the parent still holds them),
+    and take a fresh mapping-budget lock (a driver thread may have held the old one)."""
+    _held.lock = threading.Lock()
+    for owner in list(_OWNER_LOCKS):
+        if owner.fd >= 0:
+            try:
+                os.close(owner.fd)
+            except OSError:
+                pass
+            owner.fd = -1
+    _OWNER_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _lock_is_free(path: Path) -> bool:
