@@ -10,6 +10,7 @@ import pytest
 
 from zephon_core import Execution, Pack
 from zephon_core.engine.plan import Plan
+from zephon_core.engine.runners import Runner
 from zephon_core.ops.contract import Transform
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.records import Element
@@ -36,11 +37,15 @@ class HoldsAModel(Transform):
         return [e.payload for e in elements]
 
 
-def _released(execution: Execution) -> dict[str, int]:
+def _released(execution: Execution, forked: bool = False) -> dict[str, int]:
     ops = [HoldsAModel("a"), HoldsAModel("b")]
     for op in ops:
         op.setup()
-    Plan([*ops, Shuffle(4), Pack(16)], execution).release_remote_operators()
+    plan = Plan([*ops, Shuffle(4), Pack(16)], execution)
+    runners = {s.index: Runner() for s in plan.stages}
+    for r in runners.values():
+        r.forked = forked
+    plan.release_remote_operators(runners)
     return {op.name: op.releases for op in ops}
 
 
@@ -58,3 +63,9 @@ def test_only_the_operators_whose_stage_runs_remotely_are_released():
     ex = Execution(runners={"a": "processes", "b": "threads"}, default_workers=2)
     assert _released(ex) == {"a": 1, "b": 0}
 
+
+
+def test_operators_of_forked_workers_stay_loaded_in_the_driver():
+    """Forked workers share the driver's copy: releasing it frees nothing and costs time."""
+    ex = Execution(runner="processes", default_workers=2)
+    assert _released(ex, forked=True) == {"a": 0, "b": 0}

@@ -57,18 +57,20 @@ def live():
     gc.collect()
     return sum(type(o) is FastTokenizer for o in gc.get_objects())
 
-recipe = make_recipe(sys.argv[1:])  # reads the special ids with the tokenizer
+method, shards = sys.argv[1], sys.argv[2:]
+kept = 1 if method == "fork" else 0  # forked workers share the driver's tokenizer
+recipe = make_recipe(shards)  # reads the special ids with the tokenizer
 assert live() == 1
-ex = Execution(runner="processes", default_workers=1, group_size=2)
+ex = Execution(runner="processes", default_workers=1, group_size=2, start_method=method)
 with Loader(recipe, 0, 1, ex) as loader:
-    assert live() == 0, "kept after the build"
+    assert live() == kept, "kept after the build"
     next(iter(loader))
     state = loader.state_dict()
 firsts = []
 for _ in range(2):  # a second restore in the same process loads the tokenizer again
     with Loader(recipe, 0, 1, ex) as resumed:
         resumed.load_state_dict(state)  # recomputes the lanes' held payloads here
-        assert live() == 0, "kept after load_state_dict"
+        assert live() == kept, "kept after load_state_dict"
         firsts.append(next(iter(resumed)))
         assert not resumed.last_meta.drops, resumed.last_meta.drops
 assert all((firsts[0][k] == firsts[1][k]).all() for k in ("input", "pixel_values"))
@@ -76,8 +78,11 @@ print("ok")
 """
 
 
-def test_driver_lets_go_of_the_tokenizer_when_workers_tokenize(shards):
-    done = subprocess.run([sys.executable, "-c", _RESUME_CHECK, *shards], cwd=ROOT,
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_driver_releases_the_tokenizer_for_spawned_workers_only(shards, method):
+    """Spawned workers load their own, so the driver lets go of its copy; forked ones
+    share the driver's, so it stays (releasing it would free nothing)."""
+    done = subprocess.run([sys.executable, "-c", _RESUME_CHECK, method, *shards], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 

@@ -111,7 +111,7 @@ class Loader(BackgroundSteps):
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
         self.runners = runners if runners is not None else self.plan.make_runners()
-        self.plan.release_remote_operators()  # read while the recipe was built
+        self.plan.release_remote_operators(self.runners)  # read while the recipe was built
         self.gather = gather
         self._sizes = sizes
         self._orders = [DatasetOrder(sz, recipe.seed, j, recipe.shuffle)
@@ -506,7 +506,7 @@ class Loader(BackgroundSteps):
         self.step = self._produced = int(state["step"])
         self._failed = None
         self._build_lanes(snaps)
-        self.plan.release_remote_operators()  # loaded to recompute the lanes' payloads
+        self.plan.release_remote_operators(self.runners)  # loaded to recompute payloads
         if self.ledger is not None:
             self.ledger.restart()
 

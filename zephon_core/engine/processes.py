@@ -131,8 +131,7 @@ class ProcessRunner(Runner):
         self._retiring: set[int] = set()
         #: retiring slots told to stop, and when
         self._stopping: dict[int, float] = {}
-        for i in range(workers):
-            self._start_worker(i)
+        self.forked = {self._start_worker(i) for i in range(workers)} == {"fork"}
         self._thread = threading.Thread(target=self._dispatch, name=f"zephon-{name}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -152,7 +151,8 @@ class ProcessRunner(Runner):
                         self.name, space, self.workers, need / (1 << 20))
         return size
 
-    def _start_worker(self, i: int) -> None:
+    def _start_worker(self, i: int) -> str:
+        """Start slot `i`'s process; returns how it was started (fork or spawn...)."""
         method = start_method_now(self.start_method)
         ctx = mp.get_context(method)
         parent, child = ctx.Pipe()
@@ -167,6 +167,7 @@ class ProcessRunner(Runner):
         self._answered[i] = False
         self._busy_since[i] = None
         self._spawned_at[i] = time.monotonic()
+        return method
 
     @property
     def pids(self) -> list[int]:

@@ -75,6 +75,8 @@ class Runner:
     workers = 1
     #: CPU its workers spent in the stage (None: not measured, e.g. Ray tasks)
     cpu: CpuMeter | None = None
+    #: its workers were forked from this process: they share what it has loaded
+    forked = False
 
     def cpu_seconds(self) -> tuple[float, ...]:
         """CPU seconds per transform of the stage since the runner started; () when the
