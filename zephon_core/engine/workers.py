@@ -60,8 +60,9 @@ def start_method_now(requested: str) -> str:
     all again (about 1 s of CPU for a Qwen tokenizer). Fork is unsafe beside threads that
     may hold a lock the child then needs, and in a process that has initialized CUDA,
     so ``"auto"`` forks only on Linux, when every other Python thread is zephon's own
-    (its dispatchers never share a lock with a worker) and torch has not initialized
-    CUDA. A training script's threads (a checkpointer, a logger) mean spawn.
+    (the module locks a worker takes are renewed in the child: ``engine.shm``,
+    ``data.remote``) and torch has not initialized CUDA. A training script's threads (a
+    checkpointer, a logger) mean spawn.
     """
     if requested != "auto":
         return requested
