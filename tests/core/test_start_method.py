@@ -44,14 +44,19 @@ finally:
 """
 
 
+def _python(tmp_path: Path, *args: str) -> str:
+    """stdout of a fresh interpreter run with `args`, the repository importable."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def _marks_seen(tmp_path: Path, threads: str, method: str) -> list[int]:
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(DRIVER))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script), threads, method], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(_python(tmp_path, str(script), threads, method).strip().splitlines()[-1])
 
 
 def test_auto_forks_a_driver_with_no_thread_of_its_own(tmp_path: Path) -> None:
@@ -75,8 +80,4 @@ def test_auto_spawns_once_torch_has_initialized_cuda(tmp_path: Path) -> None:
         torch.cuda.is_initialized = lambda: True  # what a trainer on a GPU has done
         print(before, start_method_now("auto"), start_method_now("fork"))
     """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["fork", "spawn", "fork"]
+    assert _python(tmp_path, "-c", check).split() == ["fork", "spawn", "fork"]

@@ -234,7 +234,6 @@ class _RangeHandler(SimpleHTTPRequestHandler):
             start, end = int(a), min(int(b) if b else size - 1, size - 1)
             if self.command == "GET":
                 with self.server.state.lock:  # type: ignore[attr-defined]
-                    self.server.state.range_gets += 1  # type: ignore[attr-defined]
                     self.server.state.ranges.append((self.path, start, end + 1))  # type: ignore[attr-defined]
             f.seek(start)
             self.send_response(206)
@@ -271,13 +270,16 @@ class HttpServer:
     (set: requests are accepted and left unanswered; `hung` tells one was)."""
 
     url: str
-    range_gets: int = 0
     ranges: list[tuple[str, int, int]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     hang: threading.Event = field(default_factory=threading.Event)
     hung: threading.Event = field(default_factory=threading.Event)
     closing: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def range_gets(self) -> int:
+        return len(self.ranges)
 
 
 @contextmanager
