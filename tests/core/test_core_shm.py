@@ -89,15 +89,49 @@ def test_past_the_mapping_budget_answers_are_copied_and_released_at_once(monkeyp
         pool.close()
 
 
+def test_a_burst_of_held_answers_does_not_keep_the_pool_large():
+    """Files grown for a burst are removed once they sit free for `idle_takes` items (and
+    named in the next answer, so a receiver that keeps mappings lets go); files in steady
+    use are kept."""
+    grain = shm.SegmentPool.GRAIN
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", idle_takes=6)
+    released: list[str] = []
+    try:
+        burst = [send(pool, tag, 3 * grain, released) for tag in range(5)]
+        burst_files = {item.segment for item, _ in burst}
+        assert pool.bytes >= 5 * 3 * grain
+        del burst
+        gc.collect()
+        assert set(released) == burst_files
+        dropped: set[str] = set()
+        for tag in range(5, 20):  # steady: one small answer at a time, released at once
+            pool.release(released)
+            released.clear()
+            packed = pool.pack([message(tag, 100_000)])
+            dropped.update(packed.dropped)
+            (got,) = shm.unpack(packed, released.append)
+            assert intact(got)
+            del got
+            gc.collect()
+        steady = pool.names()  # one burst file serves every small answer
+        assert len(steady) == 1 and steady < burst_files
+        assert pool.bytes == (shm.SHM_DIR / next(iter(steady))).stat().st_size
+        assert dropped == burst_files - steady
+        assert not any((shm.SHM_DIR / n).exists() for n in dropped)
+    finally:
+        pool.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(4096, 1_500_000), st.booleans()), min_size=1,
                 max_size=30),
-       st.integers(1, 12), st.booleans())
-def test_pool_never_overwrites_a_held_message(plan, grains, kept_mappings):
+       st.integers(1, 12), st.booleans(), st.integers(0, 8))
+def test_pool_never_overwrites_a_held_message(plan, grains, kept_mappings, idle_takes):
     """Any sizes, any pattern of holding and dropping, with or without the receiver keeping
-    its mappings: every held message stays intact, and kept mappings are of files the
-    pool still has."""
-    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_bytes=grains * shm.SegmentPool.GRAIN)
+    its mappings, any idle trim: every held message stays intact, and kept mappings are of
+    files the pool still has."""
+    pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-", max_bytes=grains * shm.SegmentPool.GRAIN,
+                           idle_takes=idle_takes)
     mappings = shm.Mappings() if kept_mappings else None
     released: list[str] = []
     held = []

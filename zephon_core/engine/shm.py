@@ -199,19 +199,31 @@ class SegmentPool:
     receiver, an item falls back to a one-shot file, so a slow receiver costs
     speed, never correctness. When /dev/shm itself is full the pool stops
     growing and the item travels pickled.
+
+    A burst (a run of long clips, a receiver that held answers for a while)
+    grows the pool; a free file that no item has needed for `idle_takes`
+    items since its release is removed, so the pool shrinks back to what the
+    answers in flight now need instead of keeping its largest size for the
+    rest of the run.
     """
 
     GRAIN = 1 << 18
     MAX_BYTES = 512 << 20
+    IDLE_TAKES = 1024
 
-    def __init__(self, prefix: str, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, prefix: str, max_bytes: int = MAX_BYTES,
+                 idle_takes: int = IDLE_TAKES) -> None:
         self.base = prefix
         self.prefix = f"{prefix}{os.getpid()}-p"
         self.max_bytes = max_bytes
+        self.idle_takes = idle_takes
         self.bytes = 0
         self._dropped: list[str] = []
         self._maps: dict[str, mmap.mmap] = {}
         self._free: set[str] = set()
+        #: items pooled so far, and that count when each free file was released
+        self._takes = 0
+        self._freed_at: dict[str, int] = {}
         self._ids = itertools.count()
         #: asked once: a check per answer costs two system calls
         self.usable = available()
@@ -222,11 +234,15 @@ class SegmentPool:
 
     def release(self, names: list[str]) -> None:
         """The receiver no longer reads these files; names not of this pool are ignored."""
-        self._free.update(n for n in names if n in self._maps)
+        for n in names:
+            if n in self._maps:
+                self._free.add(n)
+                self._freed_at[n] = self._takes
 
     def pack(self, items: list[Any]) -> PackedList | Packed:
         if not self.usable:
             return Packed(items, None, 0)
+        self._trim()
         packed = PackedList([self._pack_one(x) for x in items], tuple(self._dropped))
         self._dropped.clear()
         return packed
@@ -247,8 +263,13 @@ class SegmentPool:
         _write(self._maps[name], arrays)
         return Packed(body, name, size, pooled=True)
 
+    def _trim(self) -> None:
+        for name in [n for n in self._free if self._takes - self._freed_at[n] > self.idle_takes]:
+            self._drop(name)
+
     def _take(self, size: int) -> str | None:
         """The smallest free file that fits, else a new one, dropping free files for room."""
+        self._takes += 1
         fits = [n for n in self._free if len(self._maps[n]) >= size]
         if fits:
             name = min(fits, key=lambda n: len(self._maps[n]))
@@ -277,6 +298,7 @@ class SegmentPool:
 
     def _drop(self, name: str) -> None:
         self._free.discard(name)
+        self._freed_at.pop(name, None)
         mm = self._maps.pop(name)
         self.bytes -= len(mm)
         mm.close()
