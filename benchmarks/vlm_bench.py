@@ -540,6 +540,12 @@ def _summarize_e2e(report: dict) -> None:
         "cpu_per_sample_vs_limit": _ratio(med(z, "cpu_s_per_sample"),
                                           med(best.get("limit"), "cpu_s_per_sample")),
         "zephon_best_vs_grain": _ratio(med(best.get("zephon")), med(best.get("grain"))),
+        # zephon/Grain if zephon spent only the raw limit's CPU per sample (the operators
+        # alone) on the cores it used: every loader runs the same operators, so no loader
+        # can pass this
+        "ceiling_vs_grain": _ratio(_ratio(med(z, "cores_used"),
+                                          med(best.get("limit"), "cpu_s_per_sample")),
+                                   med(best.get("grain"))),
         "e2e_over_worker_stage": _ratio(med(z), stage),
         # the same run's last process stage over the same window: what the driver kept up with
         "zephon_default_stage_in_run_samples_per_s": med(z, "stage_samples_per_s"),
@@ -577,6 +583,13 @@ def _summarize_workloads(report: dict) -> None:
         w["e2e"]["share_of_quiet"] = share
         w["e2e"]["zephon_share_over_grain_share"] = _ratio(share.get("zephon"),
                                                            share.get("grain"))
+        # the CPU per sample zephon would have needed, on the cores it got beside the
+        # neighbour, to keep Grain's share; beside the raw limit's under the same load
+        cores = {c["name"]: c["median"].get("cores_used") for c in w["e2e_configs"]}
+        cpu = {c["name"]: c["median"].get("cpu_s_per_sample") for c in w["e2e_configs"]}
+        w["e2e"]["cpu_per_sample_for_grain_share"] = _ratio(
+            cores.get("zephon default"), zq * share["grain"] if zq and share.get("grain") else None)
+        w["e2e"]["limit_cpu_per_sample"] = cpu.get(quiet["e2e"]["best"].get("limit"))
 
 
 def summarize(report: dict) -> dict:

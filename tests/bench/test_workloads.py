@@ -182,16 +182,18 @@ def test_neighbour_cpu_is_not_outside_load() -> None:
 
 
 def test_busy_workloads_report_each_loaders_share_of_its_quiet_rate() -> None:
-    def cfg(name: str, family: str, rate: float, workload: str) -> dict:
-        rs = [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": rate}] * 3
+    def cfg(name: str, family: str, rate: float, workload: str, cpu: float = 1.0) -> dict:
+        rs = [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": rate,
+               "cpu_s_per_sample": cpu}] * 3
         return {"name": name, "family": family, "scaling": None, "mode": "e2e",
                 "workload": workload, "runs": rs}
 
     quiet = [cfg("zephon default", "zephon", 400, "video"), cfg("grain a", "grain", 300, "video"),
-             cfg("grain b", "grain", 200, "video"), cfg("raw", "limit", 500, "video")]
+             cfg("grain b", "grain", 200, "video"), cfg("raw", "limit", 500, "video", cpu=0.004)]
     busy = [cfg("zephon default", "zephon", 200, "video+busy"),
             cfg("grain a", "grain", 210, "video+busy"),
-            cfg("grain b", "grain", 190, "video+busy"), cfg("raw", "limit", 250, "video+busy")]
+            cfg("grain b", "grain", 190, "video+busy"),
+            cfg("raw", "limit", 250, "video+busy", cpu=0.0039)]
     rep = {"settings": {"workload": "video"}, "scaling": {}, "configs": [],
            "e2e_configs": quiet, "workloads": {
                "video": {"busy_neighbour": False, "settings": {"samples": 9},
@@ -204,6 +206,12 @@ def test_busy_workloads_report_each_loaders_share_of_its_quiet_rate() -> None:
     assert e["share_of_quiet"] == {"zephon": pytest.approx(0.5), "grain": pytest.approx(0.7),
                                    "limit": pytest.approx(0.5)}
     assert e["zephon_share_over_grain_share"] == pytest.approx(0.5 / 0.7)
+    # keeping Grain's share (0.7 of 400) on the one core zephon got: 1 / 280 s a sample,
+    # against the raw limit's 3.9 ms under the same load
+    assert e["cpu_per_sample_for_grain_share"] == pytest.approx(1 / 280)
+    assert e["limit_cpu_per_sample"] == pytest.approx(0.0039)
+    # quiet: zephon on its one core at the raw limit's 4 ms a sample, 250/s, over Grain's 300
+    assert out["workloads"]["video"]["e2e"]["ceiling_vs_grain"] == pytest.approx(250 / 300)
     assert out["workloads"]["video"]["e2e"]["ratio_vs_grain"] == pytest.approx(400 / 300)
     rows = report.workload_table(out)
     assert len(rows) == 4 and rows[3].startswith("| video+busy | 9 | 200.0 (0.50) |")
