@@ -195,6 +195,48 @@ def e2e_chart(report: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+def workloads_chart(report: dict, path: str | Path) -> None:
+    """Per workload, zephon's default and each loader's best delivered rate over Grain's
+    best, the 1.3x target, and the ceiling: zephon's rate on the cores it used at the raw
+    limit's CPU per sample (`ceiling_vs_grain`), which no loader running the same
+    operators can pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(n, w["e2e"]) for n, w in (report.get("workloads") or {}).items()
+            if w.get("e2e") and w["e2e"]["samples_per_s"].get("grain")]
+    fams = [f for f in FAMILY_NAMES if any(e["samples_per_s"].get(f) for _, e in rows)]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(rows)))
+    height = 0.8 / max(len(fams), 1)
+    for i, (_, e) in enumerate(rows):
+        grain = e["samples_per_s"]["grain"]
+        for j, fam in enumerate(fams):
+            rate = (e.get("zephon_default_samples_per_s") if fam == "zephon"
+                    else e["samples_per_s"].get(fam))
+            if rate:
+                y = i + (j - (len(fams) - 1) / 2) * height
+                ax.barh(y, rate / grain, height, color=COLORS[fam],
+                        label=FAMILY_NAMES[fam] if i == 0 else None)
+                ax.text(rate / grain, y, f" {rate / grain:.2f}", va="center", fontsize=7)
+        if e.get("ceiling_vs_grain"):
+            ax.plot([e["ceiling_vs_grain"]] * 2, [i - 0.45, i + 0.45], color="black", lw=2,
+                    label="ceiling: zephon's cores at the raw limit's CPU/sample"
+                    if i == 0 else None)
+    ax.axvline(1.3, color="red", ls="--", lw=1, label="target 1.3x Grain")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([n for n, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("delivered samples/s over Grain's best (median)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"workloads, {report['date'][:10]}, {report['machine']['nproc']} cores",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _bars(ax: Any, configs: list[dict], key: str, scale: float, fmt: str, colors: list,
           named: bool) -> None:
     """One horizontal bar per configuration (its median `key` x `scale`, written beside

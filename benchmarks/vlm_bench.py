@@ -659,13 +659,17 @@ def render(path: str, out: Path) -> dict:
 
 
 def charts(report: dict, out: Path) -> list[Path]:
-    """bench-e2e.png (delivered batches) and bench.png (worker stage), those with runs."""
-    from zephon_bench.report import chart, e2e_chart
+    """bench-e2e.png (delivered batches), bench-workloads.png (two or more workloads) and
+    bench.png (worker stage), those with runs."""
+    from zephon_bench.report import chart, e2e_chart, workloads_chart
 
     done = []
     if report.get("e2e"):
         e2e_chart(report, out / "bench-e2e.png")
         done.append(out / "bench-e2e.png")
+    if len(report.get("workloads") or {}) > 1:
+        workloads_chart(report, out / "bench-workloads.png")
+        done.append(out / "bench-workloads.png")
     if any(c.get("median") for c in report.get("configs", [])):
         chart(report, out / "bench.png")
         done.append(out / "bench.png")

@@ -181,7 +181,7 @@ def test_neighbour_cpu_is_not_outside_load() -> None:
     assert m["neighbour_cores"] == pytest.approx(1.0)
 
 
-def test_busy_workloads_report_each_loaders_share_of_its_quiet_rate() -> None:
+def test_busy_workloads_report_each_loaders_share_of_its_quiet_rate(tmp_path: Path) -> None:
     def cfg(name: str, family: str, rate: float, workload: str, cpu: float = 1.0) -> dict:
         rs = [{"disturbed": False, **{k: 1.0 for k in METRICS}, "samples_per_s": rate,
                "cpu_s_per_sample": cpu}] * 3
@@ -216,6 +216,9 @@ def test_busy_workloads_report_each_loaders_share_of_its_quiet_rate() -> None:
     rows = report.workload_table(out)
     assert len(rows) == 4 and rows[3].startswith("| video+busy | 9 | 200.0 (0.50) |")
     assert "| 210.0 (0.70) |" in rows[3]
+    out.update(date="2025-01-01T00:00:00+00:00", machine={"nproc": 2})
+    report.workloads_chart(out, tmp_path / "w.png")
+    assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_tallies_are_compared_within_a_workload_busy_or_not() -> None:
