@@ -107,7 +107,8 @@ class Execution:
         "auto", choices=START_METHODS, help="how process workers start (multiprocessing). "
         "auto: fork on Linux when every Python thread but the starting one is zephon's own "
         "and torch has not initialized CUDA (workers share the loaded tokenizer and libraries: "
-        "a sooner first batch, less memory), else spawn (safe beside a trainer's threads)")
+        "a sooner first batch, less memory), else spawn (safe beside a trainer's threads; "
+        "a higher steady rate on CPU-bound media, docs/benchmarks.md)")
     fuse: bool = setting(True, help="fuse consecutive transforms with the same runner and "
                          "worker count into one stage (one worker call per group)")
     group_timeout: float | None = setting(
