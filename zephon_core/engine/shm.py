@@ -200,11 +200,9 @@ class SegmentPool:
     speed, never correctness. When /dev/shm itself is full the pool stops
     growing and the item travels pickled.
 
-    A burst (a run of long clips, a receiver that held answers for a while)
-    grows the pool; a free file that no item has needed for `idle_takes`
-    items since its release is removed, so the pool shrinks back to what the
-    answers in flight now need instead of keeping its largest size for the
-    rest of the run.
+    A free file no item has needed for `idle_takes` items since its release is
+    removed, so a pool grown for a burst (long clips, answers held a while)
+    shrinks back to what the answers in flight need.
     """
 
     GRAIN = 1 << 18
@@ -220,10 +218,9 @@ class SegmentPool:
         self.bytes = 0
         self._dropped: list[str] = []
         self._maps: dict[str, mmap.mmap] = {}
-        self._free: set[str] = set()
-        #: items pooled so far, and that count when each free file was released
+        #: free files, each with the count of items pooled when it was released
+        self._free: dict[str, int] = {}
         self._takes = 0
-        self._freed_at: dict[str, int] = {}
         self._ids = itertools.count()
         #: asked once: a check per answer costs two system calls
         self.usable = available()
@@ -234,10 +231,7 @@ class SegmentPool:
 
     def release(self, names: list[str]) -> None:
         """The receiver no longer reads these files; names not of this pool are ignored."""
-        for n in names:
-            if n in self._maps:
-                self._free.add(n)
-                self._freed_at[n] = self._takes
+        self._free.update((n, self._takes) for n in names if n in self._maps)
 
     def pack(self, items: list[Any]) -> PackedList | Packed:
         if not self.usable:
@@ -264,16 +258,17 @@ class SegmentPool:
         return Packed(body, name, size, pooled=True)
 
     def _trim(self) -> None:
-        for name in [n for n in self._free if self._takes - self._freed_at[n] > self.idle_takes]:
+        for name in [n for n, at in self._free.items() if self._takes - at > self.idle_takes]:
             self._drop(name)
 
     def _take(self, size: int) -> str | None:
-        """The smallest free file that fits, else a new one, dropping free files for room."""
+        """The smallest free file that fits (the last released of those: the others can
+        age out), else a new one, dropping free files for room."""
         self._takes += 1
         fits = [n for n in self._free if len(self._maps[n]) >= size]
         if fits:
-            name = min(fits, key=lambda n: len(self._maps[n]))
-            self._free.discard(name)
+            name = min(fits, key=lambda n: (len(self._maps[n]), -self._free[n]))
+            del self._free[name]
             return name
         need = _aligned(size, self.GRAIN)
         for old in sorted(self._free, key=lambda n: len(self._maps[n])):
@@ -297,8 +292,7 @@ class SegmentPool:
             self._drop(name)
 
     def _drop(self, name: str) -> None:
-        self._free.discard(name)
-        self._freed_at.pop(name, None)
+        self._free.pop(name, None)
         mm = self._maps.pop(name)
         self.bytes -= len(mm)
         mm.close()
