@@ -574,22 +574,22 @@ def _summarize_workloads(report: dict) -> None:
         quiet = workloads.get(name.removesuffix("+busy"))
         if not name.endswith("+busy") or not quiet or not quiet.get("e2e") or not w.get("e2e"):
             continue
-        rate = {c["name"]: c["median"].get("samples_per_s") for c in w["e2e_configs"]}
-        share = {fam: _ratio(rate.get(cfg), quiet["e2e"]["samples_per_s"].get(fam))
+        med = {c["name"]: c["median"] for c in w["e2e_configs"]}
+        share = {fam: _ratio(med.get(cfg, {}).get("samples_per_s"),
+                             quiet["e2e"]["samples_per_s"].get(fam))
                  for fam, cfg in quiet["e2e"]["best"].items()}
-        zq = next((c["median"].get("samples_per_s") for c in quiet["e2e_configs"]
-                   if c["name"] == "zephon default"), None)
-        share["zephon"] = _ratio(rate.get("zephon default"), zq)
+        zq = quiet["e2e"]["zephon_default_samples_per_s"]
+        z = med.get("zephon default", {})
+        share["zephon"] = _ratio(z.get("samples_per_s"), zq)
         w["e2e"]["share_of_quiet"] = share
         w["e2e"]["zephon_share_over_grain_share"] = _ratio(share.get("zephon"),
                                                            share.get("grain"))
         # the CPU per sample zephon would have needed, on the cores it got beside the
         # neighbour, to keep Grain's share; beside the raw limit's under the same load
-        cores = {c["name"]: c["median"].get("cores_used") for c in w["e2e_configs"]}
-        cpu = {c["name"]: c["median"].get("cpu_s_per_sample") for c in w["e2e_configs"]}
         w["e2e"]["cpu_per_sample_for_grain_share"] = _ratio(
-            cores.get("zephon default"), zq * share["grain"] if zq and share.get("grain") else None)
-        w["e2e"]["limit_cpu_per_sample"] = cpu.get(quiet["e2e"]["best"].get("limit"))
+            z.get("cores_used"), zq * share["grain"] if zq and share.get("grain") else None)
+        w["e2e"]["limit_cpu_per_sample"] = med.get(
+            quiet["e2e"]["best"].get("limit"), {}).get("cpu_s_per_sample")
 
 
 def summarize(report: dict) -> dict:
