@@ -94,6 +94,7 @@ _EXPORTS: dict[str, str] = {
     "LoaderMetrics": "zephon_core.engine.metrics",
     "StageMetrics": "zephon_core.engine.metrics",
     "Loader": "zephon_core.engine.loader",
+    "LoaderDataset": "zephon_core.engine.torch_dataset",
     "Probed": "zephon_core.engine.probe",
     "probe_dataset": "zephon_core.engine.probe",
     "StepMeta": "zephon_core.engine.steps",

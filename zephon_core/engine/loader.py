@@ -9,7 +9,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
@@ -40,6 +40,9 @@ from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
 from zephon_core.spec import Recipe
+
+if TYPE_CHECKING:
+    from zephon_core.engine.torch_dataset import LoaderDataset
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +512,13 @@ class Loader(BackgroundSteps):
         self.plan.release_remote_operators(self.runners)  # loaded to recompute payloads
         if self.ledger is not None:
             self.ledger.restart()
+
+    def as_torch_dataset(self) -> LoaderDataset:
+        """This loader as a torch `IterableDataset` whose ``state_dict()`` is this loader's
+        (for a `StatefulDataLoader` with ``batch_size=None, num_workers=0``; docs/frameworks.md)."""
+        from zephon_core.engine.torch_dataset import LoaderDataset
+
+        return LoaderDataset(self)
 
     # --- lifecycle -----------------------------------------------------------
     def explain(self, stats: StageStats | None = None) -> str:
