@@ -63,3 +63,22 @@ def test_torchrun_global_state_and_elastic_resume(tmp_path: Path) -> None:
         resumed.mkdir()
         _torchrun(nproc, resumed, "--steps", "6", "--resume", str(first / "state-rank0.json"))
         assert _global_digests(resumed, nproc) == {t: ref[t] for t in (3, 4, 5)}
+
+
+def test_torchrun_stateful_dataloader_state_is_global_and_resumes(tmp_path: Path) -> None:
+    """`Loader.as_torch_dataset()` under StatefulDataLoader: its own ``state_dict()`` holds
+    zephon's global state on every rank (gathered over gloo), and it resumes on one rank."""
+    ref = _reference(6)
+    first = tmp_path / "d2"
+    first.mkdir()
+    _torchrun(2, first, "--steps", "6", "--save-at", "3", "--torch-dataset")
+    assert _global_digests(first, 2) == ref
+    states = [(first / f"state-rank{r}.json").read_text() for r in range(2)]
+    assert states[0] == states[1], "ranks returned different global states"
+    zephon = json.loads(json.loads(states[0])["dataset_state"]["zephon_state"])
+    assert (zephon["step"], sorted(zephon["lanes"])) == (3, ["0", "1", "2", "3"])
+    resumed = tmp_path / "resume-d1"
+    resumed.mkdir()
+    _torchrun(1, resumed, "--steps", "6", "--resume", str(first / "state-rank0.json"),
+              "--torch-dataset")
+    assert _global_digests(resumed, 1) == {t: ref[t] for t in (3, 4, 5)}

@@ -2,7 +2,8 @@
 
 Writes, per rank, the local batches' digests and tensors and the state_dict()
 taken after `--save-at` steps, so the test can check that every rank returned
-the same global state and that concatenated local batches form the global batch.
+the same global state and that concatenated local batches form the global batch
+(`--torch-dataset`: iterated and checkpointed through torchdata's StatefulDataLoader).
 It also writes the native gloo threads still running after
 ``destroy_process_group``: a reference to a group held past it keeps them
 alive into interpreter shutdown, where they abort the process now and then.
@@ -16,10 +17,12 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from zephon_core import Dataset, Execution, InMemoryReader, Loader, Map, Pack, Read, Recipe, Shuffle
 
@@ -67,22 +70,29 @@ def main() -> None:
     p.add_argument("--save-at", type=int, default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--hold-group", action="store_true")
+    p.add_argument("--torch-dataset", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     held = dist.group.WORLD if args.hold_group else None
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     loader = Loader(make_recipe(), rank, world, Execution(runner="inline"))
+    # --torch-dataset: through torchdata's StatefulDataLoader and its own state_dict() call
+    source: Any = (StatefulDataLoader(loader.as_torch_dataset(), batch_size=None)
+                   if args.torch_dataset else loader)
     start = 0
     if args.resume:
         state = json.loads(Path(args.resume).read_text())
-        loader.load_state_dict(state)
+        source.load_state_dict(state)
+        if args.torch_dataset:
+            state = json.loads(state["dataset_state"]["zephon_state"])
         start = state["step"]
     batches = {}
+    it = iter(source)
     for t in range(start, args.steps):
-        batches[t] = next(loader)
+        batches[t] = next(it)
         if args.save_at is not None and t + 1 == args.save_at:
-            state = loader.state_dict()
+            state = source.state_dict()
             (out / f"state-rank{rank}.json").write_text(json.dumps(state, sort_keys=True))
     torch.save(batches, out / f"batches-rank{rank}.pt")
     loader.close()
