@@ -376,3 +376,25 @@ def test_inspect_data_reports_bad_references_as_drops(tmp_path, capsys, foreign)
     assert report["dropped"] == want
     for mark in SECRET_MARKS:
         assert mark not in out.out + out.err
+
+
+def test_webdataset_videos_by_reference_stay_in_their_folder(tmp_path) -> None:
+    """The same rules for a WebDataset sample's ``{"video": path}`` (docs/video.md): a
+    link out of ``video_folder`` is a ``bad_video_ref`` like ``..`` already was, a FIFO is
+    never opened (the old code blocked on it), a path no file can have is a drop."""
+    from zephon_vl import open_video_reference
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    (tmp_path / "outside.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64)
+    (folder / "clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64)
+    (folder / "link.mp4").symlink_to(tmp_path / "outside.mp4")
+    os.mkfifo(folder / "pipe.mp4")
+    cases = {"link.mp4": "bad_video_ref", "a" * 300 + ".mp4": "bad_video_ref",
+             "clip.mp4/x.mp4": "bad_video_ref", "pipe.mp4": "not_a_regular_file"}
+    for ref, reason in cases.items():
+        with pytest.raises(BadSampleError) as info:
+            open_video_reference(ref, str(folder), "shard-0.tar:k")
+        assert (info.value.reason, info.value.where) == (reason, "shard-0.tar:k")
+    with open_video_reference("clip.mp4", str(folder), "shard-0.tar:k") as f:
+        assert f.read(4) == b"\x00\x00\x00\x18"

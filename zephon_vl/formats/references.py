@@ -23,24 +23,20 @@ is the same at every D and in every run.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from zephon_core import BadSampleError, ConfigError, open_shard
 from zephon_core.extend import is_remote, local_path
+from zephon_vl.media.files import file_kind, inside, path_fault
 
 #: default bounds of one referenced file (a dataset's ``max_image_bytes`` / ``max_video_bytes``)
 MAX_IMAGE_BYTES = 256 << 20
 MAX_VIDEO_BYTES = 2 << 30
 #: the dataset options this module reads (beside ``image_folder`` and ``video_folder``)
 OPTIONS = ("allow_references", "max_image_bytes", "max_video_bytes")
-_PATH_ERRORS = {errno.ENAMETOOLONG: "the path is too long to open",
-                errno.ENOTDIR: "a part of the path is a file, not a folder",
-                errno.ELOOP: "the path runs through a loop of symbolic links"}
 
 
 def _short(ref: str, limit: int = 80) -> str:
@@ -72,10 +68,6 @@ def url_under(url: str, prefix: str) -> bool:
     segs, base = _segments(u.path), _segments(p.path)
     return segs is not None and base is not None and len(segs) > len(base) \
         and segs[:len(base)] == base
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _positive(options: Mapping[str, Any], key: str, default: int) -> int:
@@ -140,9 +132,9 @@ class MediaPlaces:
                 return self._url(f"{folder.rstrip('/')}/{path}", kind, ref, where)
             path = os.path.join(local_path(folder), path)
         real = os.path.realpath(path)
-        if any(_inside(real, root) for root in self.roots[video]):
+        if any(inside(real, root) for root in self.roots[video]):
             return real
-        linked = any(_inside(os.path.abspath(path), root) for root in self.roots[video])
+        linked = any(inside(os.path.abspath(path), root) for root in self.roots[video])
         raise self._outside(ref, kind, where, " (a symbolic link leads out)"
                             if linked else "")
 
@@ -175,19 +167,9 @@ class MediaPlaces:
                             where)
 
 
-def _file_kind(mode: int) -> str | None:
-    """What a non-regular file is (None: a regular file)."""
-    kinds = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO (named pipe)"),
-             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-             (stat.S_ISSOCK, "socket"))
-    if stat.S_ISREG(mode):
-        return None
-    return next((name for test, name in kinds if test(mode)), "special file")
-
-
 def _check_file(location: str, st: os.stat_result, limit: int, kind: str,
                 where: object) -> None:
-    kind = _file_kind(st.st_mode)
+    kind = file_kind(st.st_mode)
     if kind is not None:
         raise BadSampleError("not_a_regular_file", str(where),
                              f"{_short(location)} is a {kind}, not a regular file; not read")
@@ -229,7 +211,7 @@ def read_bounded(location: str, limit: int, kind: str, where: object) -> bytes:
         raise BadSampleError("missing_media", str(where), f"{location} does not exist (set "
                              f"the dataset's {kind}_folder)") from None
     except OSError as exc:
-        why = _PATH_ERRORS.get(exc.errno or 0)
+        why = path_fault(exc)
         if why is None:
             raise
         raise BadSampleError("bad_media_path", str(where),
