@@ -80,6 +80,7 @@ def _cases(paths: dict[str, Path], foreign: str) -> dict[str, tuple[str, str | N
         "huge": ("huge.jpg", "media_too_large"),
         "long-name": ("a" * 300 + ".jpg", "bad_media_path"),
         "through-file": ("good-0.jpg/y.jpg", "bad_media_path"),
+        "nul": ("good-0.jpg\x00.png", "bad_media_path"),
         "data-url": ("data:image/jpeg;base64," + "/9j/4AAQSkZJRgABAQ" * 40,
                      "unsupported_data_url"),
     }
@@ -327,7 +328,8 @@ def test_the_size_bound_is_a_dataset_option(tmp_path) -> None:
         "image_folder": str(images), "max_image_bytes": size - 1}))
     with pytest.raises(BadSampleError) as info:
         small.read(0, 0)
-    assert info.value.reason == "media_too_large" and f"{size - 1:,}" in info.value.detail
+    assert info.value.reason == "media_too_large"
+    assert f"{size:,} bytes, over max_image_bytes {size - 1:,}" in info.value.detail
     fits = dataset_reader(DatasetSpec([str(files)], "llava", {}, {
         "image_folder": str(images), "max_image_bytes": size}))
     assert len(fits.read(0, 0)["media"][0]["data"]) == size

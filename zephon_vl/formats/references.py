@@ -120,6 +120,9 @@ class MediaPlaces:
             raise BadSampleError("unsupported_data_url", str(where), f"the {kind} is a data: "
                                  f"URL ({media_type}, {len(ref):,} characters); data URLs "
                                  "are not decoded: embed the bytes or name a file")
+        if "\x00" in ref:  # no system call takes it (Python raises ValueError)
+            raise BadSampleError("bad_media_path", str(where), f"the {kind} path "
+                                 f"{_short(ref)} holds a NUL character")
         folder = self.folders[video]
         if is_remote(ref):
             return self._url(ref, kind, ref, where)
@@ -169,10 +172,10 @@ class MediaPlaces:
 
 def _check_file(location: str, st: os.stat_result, limit: int, kind: str,
                 where: object) -> None:
-    kind = file_kind(st.st_mode)
-    if kind is not None:
+    special = file_kind(st.st_mode)
+    if special is not None:
         raise BadSampleError("not_a_regular_file", str(where),
-                             f"{_short(location)} is a {kind}, not a regular file; not read")
+                             f"{_short(location)} is a {special}, not a regular file; not read")
     if st.st_size > limit:
         raise _too_large(location, st.st_size, limit, kind, where)
 
