@@ -80,9 +80,11 @@ _KINDS: dict[str, FactoryRef] = {
 _DATASET_KEYS = ("name", "files", "manifest", "weight", "format", "fields")
 #: dataset options that name folders: resolved relative to the TOML file like files
 _FOLDER_OPTIONS = ("image_folder", "video_folder")
+#: dataset options that list folders (or URL prefixes): each entry resolved like a folder
+_FOLDER_LIST_OPTIONS = ("allow_references",)
 #: other options a format may take (it refuses the ones it does not); ``image_every_row``
 #: is a VLM recipe's per-dataset filler switch (`vlm_recipe` takes it out)
-_OTHER_OPTIONS = ("row_group_cache", "image_every_row")
+_OTHER_OPTIONS = ("row_group_cache", "image_every_row", "max_image_bytes", "max_video_bytes")
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
@@ -258,7 +260,7 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
         raise ConfigError("a recipe file needs at least one [[datasets]] table")
     files: dict[str, Any] = {}
     weights: dict[str, float] = {}
-    keys = (*_DATASET_KEYS, *_FOLDER_OPTIONS, *_OTHER_OPTIONS)
+    keys = (*_DATASET_KEYS, *_FOLDER_OPTIONS, *_FOLDER_LIST_OPTIONS, *_OTHER_OPTIONS)
     for i, d in enumerate(tables):
         unknown = sorted(set(d) - set(keys))
         if unknown:
@@ -275,6 +277,8 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
                                   "URLs")
             found = [_location(f, base) for f in d["files"]]
         options = {k: _location(d[k], base) for k in _FOLDER_OPTIONS if k in d}
+        options.update({k: [_location(v, base) for v in d[k]] if isinstance(d[k], list)
+                        else d[k] for k in _FOLDER_LIST_OPTIONS if k in d})
         options.update({k: d[k] for k in _OTHER_OPTIONS if k in d})
         if "format" in d or "fields" in d or options:
             fmt = d.get("format")

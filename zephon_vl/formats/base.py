@@ -18,7 +18,8 @@ the turns the model family's way (see `zephon_vl.ops.multimodal`).
 The mapping runs inside `Read` (a pure function of the record), so a record
 that does not fit its format is a drop whose reason says why (``bad_record``
 for a missing or mistyped field, ``placeholder_mismatch``, ``bad_role``,
-``missing_media``), with the record's file and key.
+``missing_media``), with the record's file and key. Where a record's media
+may point, and how much of a file is read, is `zephon_vl.formats.references`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from zephon_core import BadSampleError, ConfigError, DatasetSpec, known_formats
-from zephon_core.extend import ROLES, base_name, is_remote, option_path, read_whole
+from zephon_core.extend import ROLES, base_name, option_path
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
+from zephon_vl.formats.references import OPTIONS as REFERENCE_OPTIONS
+from zephon_vl.formats.references import MediaPlaces
 
 #: placeholders a text may carry for the next image or video of its record
 PLACEHOLDER = re.compile(r"<image>|<video>")
@@ -97,7 +100,8 @@ class RecordFormat:
 
     name = ""
     fields: Mapping[str, str] = {}
-    options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache")
+    options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache",
+                                *REFERENCE_OPTIONS)
     #: alternatives of fields a record must have (each a tuple: one of them is enough)
     required: tuple[tuple[str, ...], ...] = ()
 
@@ -110,7 +114,9 @@ class RecordFormat:
                               entries=self.manifest_entries(spec))
         self.check_files(records, fields)
         folders = {k: option_path(spec, k) for k in ("image_folder", "video_folder")}
-        return FormatReader(self, dict(fields), records, folders)
+        places = MediaPlaces(folders, spec.options)
+        self.check_first_references(records, fields, places)
+        return FormatReader(self, dict(fields), records, folders, places)
 
     def manifest_entries(self, spec: DatasetSpec) -> list[RecordEntry] | None:
         """The entries of the record manifest a dataset names as its one file (None: its
@@ -150,6 +156,30 @@ class RecordFormat:
                     f"(known: {', '.join(known_formats())}), or map a renamed field: "
                     f"fields = {{ {field_name} = \"<key>\" }}")
 
+    def check_first_references(self, records: RecordFiles, fields: Mapping[str, str],
+                               places: MediaPlaces) -> None:
+        """Refuse a JSON file whose first record names a relative path the dataset has no
+        folder for: every such record would be dropped, so say which option to set now.
+        (Parquet files and manifests are not read here: building opens no row group; their
+        records are ``reference_without_folder`` drops.)"""
+        if records.entries is not None or None not in places.folders.values():
+            return
+        for s in range(len(records)):
+            if not records.sizes[s] or records.kinds[s] == "parquet":
+                continue
+            where = Where(base_name(records.files[s]), 0, "0")
+            try:
+                record = records.read(s, 0)
+                media = self.to_sample(record, fields, where)["media"] \
+                    if isinstance(record, dict) else []
+            except BadSampleError:
+                continue  # a bad first record is its own drop
+            for item in media:
+                if "ref" in item and places.needs_folder(item["ref"], item["video"]):
+                    kind = "video" if item["video"] else "image"
+                    raise ConfigError(f"{records.files[s]}: its first record names "
+                                      + places.no_folder(item["ref"], kind))
+
     def to_sample(self, record: dict, fields: Mapping[str, str], where: Where) -> dict:
         """The record as a sample (see the module docstring); ``media`` holds references
         (`media_item`) that the reader resolves to bytes."""
@@ -181,25 +211,18 @@ def media_item(ref: Any, video: bool, where: Where) -> dict:
               "bytes or {'bytes', 'path'}")
 
 
-def resolve(ref: str, folder: str | None) -> str:
-    """`ref` relative to `folder` (a path or URL); absolute paths and URLs as they are."""
-    if is_remote(ref) or os.path.isabs(ref) or folder is None:
-        return ref
-    if is_remote(folder):
-        return folder.rstrip("/") + "/" + ref.lstrip("/")
-    return os.path.join(folder, ref)
-
-
 class FormatReader:
     """A `ShardReader` over a format's record files: each read is one sample with its
-    media bytes (images and videos named by path are read here, through the storage seam)."""
+    media bytes (images and videos named by path are read here, through the storage seam,
+    where `places` allows and within its bounds)."""
 
     def __init__(self, fmt: RecordFormat, fields: dict[str, str], records: RecordFiles,
-                 folders: dict[str, str | None]) -> None:
+                 folders: dict[str, str | None], places: MediaPlaces | None = None) -> None:
         self.format = fmt
         self.fields = fields
         self.records = records
         self.folders = folders
+        self.places = places if places is not None else MediaPlaces(folders, {})
 
     @property
     def num_shards(self) -> int:
@@ -246,20 +269,8 @@ class FormatReader:
     def _load(self, item: dict, where: Where) -> dict:
         if "data" in item:
             return item
-        folder = self.folders["video_folder" if item["video"] else "image_folder"]
-        if folder is None and item["video"]:
-            folder = self.folders["image_folder"]
-        location = resolve(item["ref"], folder)
-        try:
-            data = read_whole(location)
-        except FileNotFoundError:
-            raise bad(where, f"{location} does not exist (set the dataset's "
-                      f"{'video' if item['video'] else 'image'}_folder)",
-                      "missing_media") from None
-        except BadSampleError as exc:
-            raise bad(where, exc.detail or str(exc), "missing_media") from None
-        except IsADirectoryError:
-            raise bad(where, f"{location} is a folder, not a file", "missing_media") from None
+        location = self.places.locate(item["ref"], item["video"], where)
+        data = self.places.read(location, item["video"], where)
         return {"video": item["video"], "data": data, "name": item["ref"]}
 
 

@@ -396,6 +396,19 @@ def resize_rgb(img: Image.Image, th: int, tw: int, settings: ImageSettings) -> n
     return np.asarray(img)
 
 
+def content_kind(data: bytes) -> str:
+    """What bytes that are no image are, without any of them (``4,120 bytes of text``):
+    a message, a drop detail and the ledger may be read by others than the data's owner,
+    and the file may be anything a record named."""
+    head = data[:4096]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:  # a character cut at the end of the head is still text
+        text = head[:e.start].decode("utf-8") if e.start >= len(head) - 3 else None
+    printable = text is not None and all(c.isprintable() or c in "\t\r\n" for c in text)
+    return f"{len(data):,} bytes of {'text' if printable else 'binary data'}"
+
+
 def open_image(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
     """Open lazily (header only) and refuse bombs before any pixel is decoded."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
@@ -415,8 +428,8 @@ def open_image(data: bytes, settings: ImageSettings, where: str) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise BadSampleError("decompression_bomb", where, str(e)) from None
     except Image.UnidentifiedImageError:  # its message holds an object address: not stable
-        detail = f"not a supported image format (starts with {data[:8].hex()})"
-        raise BadSampleError("corrupt_image", where, detail) from None
+        raise BadSampleError("corrupt_image", where, f"{content_kind(data)}, not a "
+                             "supported image format") from None
     except MemoryError:
         raise
     except Exception as e:  # any PIL failure to parse a header is a bad file

@@ -29,7 +29,8 @@ import av
 import numpy as np
 
 from zephon_core import BadSampleError, ConfigError, check_choices, open_shard, setting
-from zephon_core.extend import StoredFileIO, is_remote, scheme_of
+from zephon_core.extend import StoredFileIO, is_remote, local_path, scheme_of
+from zephon_vl.media.files import file_kind, path_fault, real_inside
 from zephon_vl.media.image import (
     ImageSettings,
     VisionPatches,
@@ -401,7 +402,11 @@ def video_location(ref: Any, video_folder: str | None, where: str = "?") -> str:
                           "the folder the samples' video paths are relative to")
     if is_remote(video_folder):
         return f"{video_folder.rstrip('/')}/{ref}"
-    return os.path.join(video_folder, ref)
+    location = os.path.join(video_folder, ref)
+    if not real_inside(str(local_path(location)), str(local_path(video_folder))):
+        raise BadSampleError("bad_video_ref", where, f"'video' {ref!r} leads out of "
+                             "VideoSettings.video_folder through a symbolic link")
+    return location
 
 
 class _VideoFile(StoredFileIO):
@@ -417,6 +422,20 @@ class _VideoFile(StoredFileIO):
         self.close()
 
 
+def _check_regular_file(location: str, ref: str, where: str) -> None:
+    """Refuse a local video that is no regular file, or a path no file can have."""
+    try:
+        kind = file_kind(os.stat(local_path(location)).st_mode)
+    except OSError as exc:
+        why = path_fault(exc)
+        if why is None:
+            raise
+        raise BadSampleError("bad_video_ref", where, f"'video' {ref!r}: {why}") from None
+    if kind is not None:
+        raise BadSampleError("not_a_regular_file", where, f"'video' {ref!r} is a {kind}, "
+                             "not a regular file; not read")
+
+
 def open_video_reference(ref: Any, video_folder: str | None, where: str = "?") -> _VideoFile:
     """A seekable file object over the video a sample names (see `video_location`),
     for `process_video`: an MP4 is then read by range (its index, then the GOPs of
@@ -429,6 +448,8 @@ def open_video_reference(ref: Any, video_folder: str | None, where: str = "?") -
     """
     location = video_location(ref, video_folder, where)
     try:
+        if not is_remote(location):  # a FIFO would block the open, a device never end
+            _check_regular_file(location, ref, where)
         return _VideoFile(open_shard(location))
     except BadSampleError as e:
         if e.reason != "missing_shard":
