@@ -372,6 +372,10 @@ class RecordFiles:
                 found = self._pq[s] = pq.ParquetFile(source)
         return found
 
+    def parquet_file(self, s: int) -> Any:
+        """File `s`' ``pyarrow.parquet.ParquetFile`` (schema and row groups), opened once."""
+        return self._parquet(s)
+
     def read(self, s: int, i: int) -> Any:
         if self.kinds[s] == "parquet":
             return self._row(s, i)
