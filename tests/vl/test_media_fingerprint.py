@@ -145,3 +145,36 @@ def test_text_and_webdataset_fingerprints_have_no_media(tmp_path_factory) -> Non
             warnings.simplefilter("error")
             text = json.dumps(recipe.fingerprint())
         assert '"media"' not in text
+
+
+def test_a_record_manifest_holds_the_media_identity_and_refresh_names_changes(
+        tmp_path, capsys) -> None:
+    """``zephon-vl index --image-folder`` lists the media once; a build from the manifest
+    takes the identity from it (no stat: a change after indexing is not seen), and
+    ``--refresh`` lists them again, naming the file that changed."""
+    from zephon_vl.cli.main import main
+
+    table = llava_table(tmp_path / "data")
+    manifest = tmp_path / "m.json"
+    assert main(["index", *table["files"], "--format", "llava", "--out", str(manifest),
+                 "--image-folder", table["image_folder"]]) == 0
+    assert "13 media files listed" in capsys.readouterr().out
+    direct = recipe_toml(tmp_path / "direct.toml", [table])
+    indexed = recipe_toml(tmp_path / "indexed.toml", [
+        {**{k: v for k, v in table.items() if k != "files"}, "manifest": str(manifest)}])
+
+    def media(toml: Path) -> dict:
+        return load_recipe(str(toml)).fingerprint()["datasets"][0]["shards"][0]["media"]
+
+    assert media(indexed) == media(direct)
+    _, state = run(indexed, 1)
+    victim = sorted(Path(table["image_folder"]).iterdir())[1]
+    replace_image(victim)
+    assert media(indexed) != media(direct)  # the manifest's identity, not the files'
+    assert main(["index", "--refresh", str(manifest)]) == 0
+    said = capsys.readouterr().out
+    assert "llava.json: media 13 files" in said and victim.name in said, said
+    assert media(indexed) == media(direct)
+    with loader_of(indexed) as loader:
+        with pytest.raises(CheckpointError, match=victim.name):
+            loader.load_state_dict(state)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zephon_core.data.readers import ExplainsChanges
 from zephon_core.common.files import atomic_write
+from zephon_core.data.readers import ExplainsChanges
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import (
     CHECKSUM_KEY,

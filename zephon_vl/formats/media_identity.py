@@ -75,18 +75,35 @@ def folder_for(folders: dict[str, str | None], video: bool) -> str | None:
     return folders["image_folder"] if folder is None and video else folder
 
 
+def has_local_folder(folders: dict[str, str | None]) -> bool:
+    return any(f is not None and not is_remote(f) for f in folders.values())
+
+
 def shard_media(reader: FormatReader, shard: int) -> dict:
-    """Record file `shard`'s ``media`` identity (see the module docstring)."""
-    listing = stat_listing(record_refs(reader, shard), reader.folders)
-    identity = media_identity(reader.folders, listing)
+    """Record file `shard`'s ``media`` identity (see the module docstring): the folders,
+    and where one is a local folder, the count and digest of the files its records name
+    (from its manifest entry when that recorded them for these folders and fields)."""
+    folders = {k: reader.folders.get(k) for k in FOLDERS}
+    if not has_local_folder(folders):
+        return folders  # URL prefixes (or none): the prefix is the identity
+    entries = reader.records.entries
+    if entries is not None:
+        found = manifest_media(entries[shard].media, folders, reader.fields)
+        if found is not None:
+            return found
+    listing = stat_listing(record_refs(reader, shard), folders)
+    identity = media_identity(folders, listing)
     remember_listing(identity["sha256"], listing)
     return identity
 
 
+#: the dataset options a record's media references resolve in
+FOLDERS = ("image_folder", "video_folder")
+
+
 def media_identity(folders: dict[str, str | None], listing: Listing) -> dict:
     body = json.dumps(sorted(listing.items()), separators=(",", ":")).encode()
-    return {"image_folder": folders.get("image_folder"),
-            "video_folder": folders.get("video_folder"),
+    return {**{k: folders.get(k) for k in FOLDERS},
             "files": len(listing), "sha256": hashlib.sha256(body).hexdigest()}
 
 
@@ -246,9 +263,9 @@ def explain_change(reader: FormatReader, shard: int, recorded: dict) -> str | No
     clause for the refusal), or None when its media are not what differs."""
     theirs = recorded.get("media") if isinstance(recorded, dict) else None
     ours = reader.media_identity(shard)
-    if not isinstance(theirs, dict) or theirs.get("sha256") == ours["sha256"]:
+    if not isinstance(theirs, dict) or theirs.get("sha256") == ours.get("sha256"):
         return None
-    if any(theirs.get(k) != ours[k] for k in ("image_folder", "video_folder")):
+    if any(theirs.get(k) != ours.get(k) for k in FOLDERS):
         return None  # the folder itself is named by the difference
     now = stat_listing(record_refs(reader, shard), reader.folders)
     old = recall_listing(str(theirs.get("sha256")))
@@ -257,18 +274,29 @@ def explain_change(reader: FormatReader, shard: int, recorded: dict) -> str | No
     if old is None:
         return (f"{what} ({theirs.get('files')} files then, {len(now)} now; the checkpoint's "
                 f"listing is not under {_listings()}, so the files cannot be named)")
+    return f"{what}: {changed_files(old, now)}"
+
+
+def changed_files(old: Listing, now: Listing) -> str:
+    """The files whose size or mtime differ between two listings (the first few named)."""
     changed = [loc for loc in sorted(set(old) | set(now)) if old.get(loc) != now.get(loc)]
     named = "; ".join(f"{loc}: {_when(old.get(loc))} then, {_when(now.get(loc))} now"
                       for loc in changed[:NAMED_CHANGES])
     more = f" (and {len(changed) - NAMED_CHANGES} more)" if len(changed) > NAMED_CHANGES else ""
-    return f"{what}: {named}{more}"
+    return f"{named}{more}" if changed else "no file differs"
 
 
-def manifest_media(entry_media: Any, folders: dict[str, str | None]) -> dict | None:
-    """The identity a record manifest recorded for a file (`zephon-vl index
-    --image-folder`), when it was made for these folders (None: stat them)."""
-    if not isinstance(entry_media, dict):
+def manifest_media(recorded: Any, folders: dict[str, str | None],
+                   fields: dict[str, str]) -> dict | None:
+    """The identity a record manifest's entry holds (`zephon-vl index --image-folder`),
+    when it was made for these folders and field map (None: list the files here)."""
+    if not (isinstance(recorded, dict) and recorded.get("fields") == dict(sorted(
+            fields.items())) and all(recorded.get(k) == folders.get(k) for k in FOLDERS)):
         return None
-    if any(entry_media.get(k) != folders.get(k) for k in ("image_folder", "video_folder")):
-        return None
-    return {k: entry_media[k] for k in ("image_folder", "video_folder", "files", "sha256")}
+    return {k: recorded[k] for k in (*FOLDERS, "files", "sha256")}
+
+
+def indexed_media(reader: FormatReader, shard: int) -> dict:
+    """What a record manifest's entry records about the media of file `shard`: its
+    identity, listed now, and the field map it holds for."""
+    return {**shard_media(reader, shard), "fields": dict(sorted(reader.fields.items()))}
