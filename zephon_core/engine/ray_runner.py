@@ -196,6 +196,18 @@ class _Connection:
             cls.users += 1
         return ray
 
+    @classmethod
+    def release(cls) -> None:
+        ray = _ray()
+        with cls.lock:
+            cls.users -= 1
+            if cls.users == 0 and cls.ours:
+                cls.ours = False
+                try:
+                    ray.shutdown()
+                except Exception as exc:  # noqa: BLE001 - a dead cluster cannot be left cleanly
+                    log.warning("zephon: ray.shutdown() failed (%s); continuing", exc)
+
 
 def head_of(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of a cluster address (``host:port``, ``ray://host:port``,
@@ -286,18 +298,6 @@ def connect(ray: Any, where: str, source: str, timeout: float, quiet: dict) -> N
     if "ok" not in outcome:
         raise _unreachable(where, source, timeout, "its head accepts connections but Ray's "
                            "connect did not finish (is it a Ray head, of this Ray version?)")
-
-    @classmethod
-    def release(cls) -> None:
-        ray = _ray()
-        with cls.lock:
-            cls.users -= 1
-            if cls.users == 0 and cls.ours:
-                cls.ours = False
-                try:
-                    ray.shutdown()
-                except Exception as exc:  # noqa: BLE001 - a dead cluster cannot be left cleanly
-                    log.warning("zephon: ray.shutdown() failed (%s); continuing", exc)
 
 
 class _Task:
