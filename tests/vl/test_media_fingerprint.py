@@ -178,3 +178,35 @@ def test_a_record_manifest_holds_the_media_identity_and_refresh_names_changes(
     with loader_of(indexed) as loader:
         with pytest.raises(CheckpointError, match=victim.name):
             loader.load_state_dict(state)
+
+
+def test_a_parquet_file_is_scanned_without_its_embedded_bytes(tmp_path, monkeypatch) -> None:
+    """Parquet ``Image`` entries: the scan reads every column but the ``bytes`` of the
+    ``{bytes, path}`` structs (no pixels); a path-only entry names a file of the folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_core.data.formats import DatasetSpec, dataset_reader
+
+    (tmp_path / "img").mkdir()
+    (_, jpeg, _), (_, other, _) = photos(2)
+    (tmp_path / "img" / "a.jpg").write_bytes(jpeg)
+    texts = [[{"user": "What is it?", "assistant": "A photo."}]] * 3
+    images = [[{"bytes": jpeg, "path": "embedded.jpg"}], [{"bytes": None, "path": "a.jpg"}],
+              [{"bytes": other, "path": None}]]
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"images": images, "texts": texts}), path)
+    spec = DatasetSpec([str(path)], "parquet", options={"image_folder": str(tmp_path / "img")})
+    asked: list[str] = []
+    read = pq.ParquetFile.read_row_group
+
+    def spy(self, i, columns=None, **kw):
+        asked.extend(columns or ["<all>"])
+        return read(self, i, columns=columns, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    media = dataset_reader(spec).shard_identity(0)["media"]
+    assert asked and not [c for c in asked if c.endswith(".bytes") or c == "<all>"], asked
+    assert media["files"] == 2  # a.jpg, and embedded.jpg's path (absent: it is embedded)
+    replace_image(tmp_path / "img" / "a.jpg")
+    assert dataset_reader(spec).shard_identity(0)["media"]["sha256"] != media["sha256"]
