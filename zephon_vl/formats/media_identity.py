@@ -30,7 +30,8 @@ What it costs, and how it is kept low:
 A name is listed with the path it resolves to. A Parquet image entry
 (``{"bytes", "path"}``) is listed by its path even when it carries bytes (the
 scan does not read them), which can only refuse more, never accept other
-pixels. A relative reference in a dataset without the folder it needs is not
+pixels. Only datasets with a local folder list files (absolute paths their
+records name included); a relative reference without the folder it needs is not
 listed (it is refused where references are checked). Each listing is also kept
 under the cache folder by its digest, so a refusal can name the files that
 changed since the checkpoint's listing was made on this machine.
@@ -63,9 +64,11 @@ MEDIA_VERSION = 1
 KEEP_LISTINGS = 64
 #: a refusal names this many changed files, then counts the rest
 NAMED_CHANGES = 3
+#: the dataset options a record's media references resolve in
+FOLDERS = ("image_folder", "video_folder")
 
 #: a listing: resolved location -> [size, mtime_ns], or None where no file is
-Listing = dict[str, "list[int] | None"]
+Listing = dict[str, list[int] | None]
 
 
 def folder_for(folders: dict[str, str | None], video: bool) -> str | None:
@@ -97,11 +100,9 @@ def shard_media(reader: FormatReader, shard: int) -> dict:
     return identity
 
 
-#: the dataset options a record's media references resolve in
-FOLDERS = ("image_folder", "video_folder")
-
-
 def media_identity(folders: dict[str, str | None], listing: Listing) -> dict:
+    """The ``media`` of a shard identity: its folders, and the count and SHA-256 of the
+    sorted listing (so the same files give the same digest in any order named)."""
     body = json.dumps(sorted(listing.items()), separators=(",", ":")).encode()
     return {**{k: folders.get(k) for k in FOLDERS},
             "files": len(listing), "sha256": hashlib.sha256(body).hexdigest()}
@@ -291,7 +292,9 @@ def manifest_media(recorded: Any, folders: dict[str, str | None],
     """The identity a record manifest's entry holds (`zephon-vl index --image-folder`),
     when it was made for these folders and field map (None: list the files here)."""
     if not (isinstance(recorded, dict) and recorded.get("fields") == dict(sorted(
-            fields.items())) and all(recorded.get(k) == folders.get(k) for k in FOLDERS)):
+            fields.items())) and all(recorded.get(k) == folders.get(k) for k in FOLDERS)
+            and isinstance(recorded.get("files"), int)
+            and isinstance(recorded.get("sha256"), str)):
         return None
     return {k: recorded[k] for k in (*FOLDERS, "files", "sha256")}
 
