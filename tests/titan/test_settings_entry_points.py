@@ -28,6 +28,7 @@ OTHER = {
     "retry_maximum": 3.0, "retry_request_timeout": 9.0, "coalesce_max_bytes": 0,
     "coalesce_max_gap": 4096, "backlog_bytes": 3 << 20, "collate_in": "thread",
     "pin_memory": True, "ray_address": "10.0.0.1:6379", "ray_resources": {"zephon_cpu": 2.0},
+    "ray_connect_timeout": 45.0,
 }
 
 

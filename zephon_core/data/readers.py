@@ -32,7 +32,9 @@ class ShardReader(Protocol):
     - `KnowsShardLengths`: ``shard_lengths()``, every shard's length without opening
       shards (a manifest answers it);
     - `NamesSamples`: ``key(shard, index)``, the sample's own key (a tar member's stem,
-      a record's id), written to the ledger and shown by ``zephon-vl inspect-data``.
+      a record's id), written to the ledger and shown by ``zephon-vl inspect-data``;
+    - `ExplainsChanges`: ``identity_change(shard, recorded)``, what changed in a shard
+      since a checkpoint recorded its identity, for the refusal of that checkpoint.
     """
 
     @property
@@ -64,6 +66,14 @@ class NamesSamples(Protocol):
     """Optional: the sample's own key (stable across runs), for ledgers and inspection."""
 
     def key(self, shard: int, index: int) -> str: ...
+
+
+@runtime_checkable
+class ExplainsChanges(Protocol):
+    """Optional: what changed in `shard` since its `shard_identity` was `recorded` (a clause
+    naming the files, e.g. the images a record file names), or None when it cannot say."""
+
+    def identity_change(self, shard: int, recorded: dict) -> str | None: ...
 
 
 def shard_lengths(reader: ShardReader) -> list[int]:

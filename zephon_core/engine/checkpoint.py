@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from zephon_core.common.files import atomic_write
+from zephon_core.data.readers import ExplainsChanges
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import (
     CHECKSUM_KEY,
     LaneChecker,
     check_checksum,
     is_count,
+    later_fields_note,
     parse_state,
     state_checksum,
+    without_later_fields,
 )
 from zephon_core.errors import CheckpointError
 
@@ -125,13 +130,61 @@ def short_json(v: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def check_fingerprint(recorded: dict, fingerprint: dict,
+                      readers: Sequence[Any] | None = None) -> None:
+    """Refuse a checkpoint whose fingerprint `recorded` is not `fingerprint`, naming the first
+    field that differs; where it is a shard's and the dataset's reader (`readers`, in
+    dataset order) can say what changed in it (`ExplainsChanges`), that too.
+
+    A recorded fingerprint written before a shard field existed (`LATER_SHARD_FIELDS`)
+    matches without it, with a warning.
+    """
+    ours, missing = without_later_fields(recorded, fingerprint)
+    diff = first_difference(recorded, ours, "fingerprint")
+    if diff:
+        path, theirs, here = diff
+        note = _shard_change(recorded, ours, path, readers)
+        if note:
+            raise CheckpointError(
+                f"checkpoint was made with other data: {path} is {short_json(theirs)} in the "
+                f"checkpoint but {short_json(here)} here: {note}. Resume with the data the "
+                "checkpoint was made with, or start a new run")
+        hint = (" (or change the lane count on purpose: load_state_dict(state, "
+                "allow_lane_change=True), --resume-lanes; docs/elastic-changes.md)"
+                if path == "fingerprint.num_lanes" else "")
+        raise CheckpointError(
+            f"checkpoint was made with another recipe: {path} is {short_json(theirs)} in the "
+            f"checkpoint but {short_json(here)} here. Restore with the same setting{hint}, or "
+            "start a new run")
+    if missing:
+        warnings.warn(later_fields_note(missing), UserWarning, stacklevel=3)
+
+
+def _shard_change(recorded: dict, ours: dict, path: str,
+                  readers: Sequence[Any] | None) -> str | None:
+    """What the reader says changed in the shard whose identity holds `path` (None: the
+    difference is not in a shard, or its reader cannot say)."""
+    if readers is None:
+        return None
+    for i, reader in enumerate(readers):
+        if not (isinstance(reader, ExplainsChanges) and
+                path.startswith(f"fingerprint.datasets[{i}].shards[")):
+            continue
+        for j, shard in enumerate(recorded["datasets"][i]["shards"]):
+            if path.startswith(f"fingerprint.datasets[{i}].shards[{j}].") and \
+                    shard != ours["datasets"][i]["shards"][j]:
+                return reader.identity_change(j, shard)
+    return None
+
+
 def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
-                rows: int | None = None) -> None:
+                rows: int | None = None, readers: Sequence[Any] | None = None) -> None:
     """Refuse a state that is not ours or is damaged, naming what is wrong and how to fix it.
 
     Every lane is checked, not only `lanes` (the ones this rank restores), so
     all ranks refuse a damaged state alike. `rows`: the rows every lane has
-    given by the state's step (default: step * G / L).
+    given by the state's step (default: step * G / L). `readers`: the datasets'
+    readers, to say what changed in a shard (`check_fingerprint`).
     """
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError("not a zephon checkpoint (no 'format': 'zephon-checkpoint'); "
@@ -151,16 +204,7 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
             fingerprint_digest(state["fingerprint"]) != state["fingerprint_sha256"]:
         raise CheckpointError("checkpoint is corrupt: its fingerprint does not match its "
                               "fingerprint_sha256 (the file was edited or damaged)")
-    diff = first_difference(state["fingerprint"], fingerprint, "fingerprint")
-    if diff:
-        path, theirs, ours = diff
-        hint = (" (or change the lane count on purpose: load_state_dict(state, "
-                "allow_lane_change=True), --resume-lanes; docs/elastic-changes.md)"
-                if path == "fingerprint.num_lanes" else "")
-        raise CheckpointError(
-            f"checkpoint was made with another recipe: {path} is {short_json(theirs)} in the "
-            f"checkpoint but {short_json(ours)} here. Restore with the same setting{hint}, or "
-            "start a new run")
+    check_fingerprint(state["fingerprint"], fingerprint, readers)
     if state["num_lanes"] != fingerprint["num_lanes"]:
         raise CheckpointError(f"checkpoint is corrupt: num_lanes is {state['num_lanes']!r} but "
                               f"its fingerprint says {fingerprint['num_lanes']}")

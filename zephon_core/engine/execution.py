@@ -9,7 +9,7 @@ from typing import Any
 from zephon_core.common.settings import check_choices, from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
-from zephon_core.engine.kinds import RUNNERS, START_METHODS, RunnerKind
+from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RUNNERS, START_METHODS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform
 
@@ -145,6 +145,11 @@ class Execution:
         None, metavar="HOST:PORT", help="with the ray runner: the cluster's head (none: "
         "RAY_ADDRESS, else the latest cluster started on this machine, else a local Ray "
         "instance; docs/ray.md)")
+    ray_connect_timeout: float = setting(
+        RAY_CONNECT_TIMEOUT, unit="seconds", help="with the ray runner and a cluster's address "
+        "(ray_address or RAY_ADDRESS): how long to wait for its head to answer and the "
+        "connection to be made before the run stops with an error naming the address (Ray "
+        "itself retries for many minutes)")
     ray_resources: dict[str, float] = setting(
         default_factory=dict, metavar="NAME=N", parse=lambda text: parse_resources(text),
         help="with the ray runner: custom resources every task asks for besides one CPU, "
@@ -188,6 +193,9 @@ class Execution:
         if self.backlog_bytes is not None and self.backlog_bytes < 1:
             raise ConfigError(f"backlog_bytes must be >= 1 or None (no bound), "
                               f"not {self.backlog_bytes!r}")
+        if not self.ray_connect_timeout > 0:
+            raise ConfigError(f"ray_connect_timeout must be > 0 seconds, not "
+                              f"{self.ray_connect_timeout!r}")
         if self.group_timeout is not None and not self.group_timeout > 0:
             raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
                               f"not {self.group_timeout!r}")

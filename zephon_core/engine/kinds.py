@@ -26,6 +26,9 @@ class RunnerKind(StrEnum):
 #: every runner kind's name, in order (the choices of `Execution.runner`, with ``auto``)
 RUNNERS = tuple(k.value for k in RunnerKind)
 
+#: seconds the ray runner waits for the cluster its address names (`Execution`'s default)
+RAY_CONNECT_TIMEOUT = 20.0
+
 #: how process workers may start (`Execution.start_method`; ``auto``: fork where safe)
 START_METHODS = ("auto", "spawn", "forkserver", "fork")
 

@@ -53,6 +53,7 @@ from typing import Any
 from zephon_core.common.digest import SAMPLE_DIGEST
 from zephon_core.data.readers import sample_key_of
 from zephon_core.engine.checkpoint import fingerprint_digest, first_difference, short_json
+from zephon_core.engine.state_check import without_later_fields
 from zephon_core.errors import ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
@@ -337,6 +338,9 @@ def read_ledger(path: str | os.PathLike) -> Ledger:
 
 
 def _same_recipe(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    # a ledger written before a shard field existed (`LATER_SHARD_FIELDS`) lacks it
+    b = without_later_fields(a, b)[0]
+    a = without_later_fields(b, a)[0]
     diff = first_difference(a, b, "fingerprint")
     if diff:
         path, x, y = diff

@@ -490,7 +490,8 @@ class Loader(BackgroundSteps):
                                     self.recipe.batch_sizes(), resized)
         check_state(state, self.fingerprint, self.lanes, self.recipe.ops,
                     saved.rows_before(state["step"])
-                    if isinstance(state, dict) and is_count(state.get("step")) else None)
+                    if isinstance(state, dict) and is_count(state.get("step")) else None,
+                    [d.reader for d in self.recipe.datasets])
         step = int(state["step"])
         if global_batch_size is not None and \
                 global_batch_size != saved.r_at(step) * self.recipe.num_lanes:

@@ -145,7 +145,8 @@ class Plan:
         ex = self.execution
         return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
                                      ex.start_method, s.name, ex.group_timeout,
-                                     ex.ray_address, ex.ray_resources)
+                                     ex.ray_address, ex.ray_resources,
+                                     ex.ray_connect_timeout)
                 for s in self.stages if s.kind is StageKind.TRANSFORM}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,

@@ -74,7 +74,8 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
     old = BatchSchedule.build(L, G, recipe.batch_sizes(), resized)
     step = state.get("step") if isinstance(state, dict) else None
     check_state(state, {**fp, "num_lanes": L}, list(range(L)), recipe.ops,
-                old.rows_before(step) if is_count(step) else None)
+                old.rows_before(step) if is_count(step) else None,
+                [d.reader for d in recipe.datasets])
     step = int(state["step"])
     if sizes is None:
         from zephon_core.data.readers import shard_lengths

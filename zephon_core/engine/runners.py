@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from zephon_core.engine.kinds import RUNNERS, RunnerKind
+from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RUNNERS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
 from zephon_core.records import Element
@@ -144,7 +144,8 @@ class ThreadRunner(Runner):
 
 def make_runner(kind: RunnerKind | str, fn: StageFn, workers: int, start_method: str, name: str,
                 group_timeout: float | None = None, ray_address: str | None = None,
-                ray_resources: dict[str, float] | None = None) -> Runner:
+                ray_resources: dict[str, float] | None = None,
+                ray_connect_timeout: float = RAY_CONNECT_TIMEOUT) -> Runner:
     if kind == RunnerKind.INLINE:
         return InlineRunner(fn)
     if kind == RunnerKind.THREADS:
@@ -156,5 +157,6 @@ def make_runner(kind: RunnerKind | str, fn: StageFn, workers: int, start_method:
     if kind == RunnerKind.RAY:
         from zephon_core.engine.ray_runner import RayRunner
 
-        return RayRunner(fn, workers, name, group_timeout, ray_address, ray_resources)
+        return RayRunner(fn, workers, name, group_timeout, ray_address, ray_resources,
+                         ray_connect_timeout)
     raise ConfigError(f"unknown runner {kind!r}; choose one of {RUNNERS}")

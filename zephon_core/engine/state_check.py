@@ -101,6 +101,47 @@ def shard_samples(shard: dict) -> int | None:
     return None
 
 
+#: fields a shard's identity gained after checkpoints were first written, with what they
+#: cover: a fingerprint whose shards lack one was written before it and still matches (its
+#: restore warns that what the field covers goes unchecked once, `without_later_fields`)
+LATER_SHARD_FIELDS = {"media": "the media its records name (image_folder, video_folder, "
+                      "names, sizes and mtimes of the files)"}
+
+
+def without_later_fields(recorded: Any, ours: dict) -> tuple[dict, list[str]]:
+    """`ours` without the `LATER_SHARD_FIELDS` that the shards of fingerprint `recorded`
+    lack, and the paths left out. Only where both list the same datasets and shards: any
+    other difference is the mismatch to name."""
+    theirs = recorded.get("datasets") if isinstance(recorded, dict) else None
+    mine = ours.get("datasets")
+    if not (isinstance(theirs, list) and isinstance(mine, list) and len(theirs) == len(mine)):
+        return ours, []
+    missing: list[str] = []
+    datasets = []
+    for i, (t, m) in enumerate(zip(theirs, mine, strict=True)):
+        t_shards = t.get("shards") if isinstance(t, dict) else None
+        if not (isinstance(t_shards, list) and len(t_shards) == len(m["shards"])):
+            datasets.append(m)
+            continue
+        shards = []
+        for j, (ts, ms) in enumerate(zip(t_shards, m["shards"], strict=True)):
+            gone = [k for k in LATER_SHARD_FIELDS
+                    if k in ms and isinstance(ts, dict) and k not in ts]
+            missing += [f"fingerprint.datasets[{i}].shards[{j}].{k}" for k in gone]
+            shards.append({k: v for k, v in ms.items() if k not in gone} if gone else ms)
+        datasets.append({**m, "shards": shards})
+    return ({**ours, "datasets": datasets} if missing else ours), missing
+
+
+def later_fields_note(missing: list[str]) -> str:
+    """The warning for a fingerprint written before `missing` (paths) existed."""
+    field = missing[0].rsplit(".", 1)[-1]
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return (f"checkpoint was written before fingerprints recorded {field} ({missing[0]}{more}:"
+            f" {LATER_SHARD_FIELDS[field]}); it restores, but this resume cannot check that "
+            "those are unchanged. Checkpoints written from now on record it")
+
+
 def is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 

@@ -21,6 +21,12 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="instead: re-index the shards (or record files) of this manifest "
                    "whose size or "
                    "ETag/mtime changed, rewrite their entries and name them")
+    for kind in ("image", "video"):
+        p.add_argument(f"--{kind}-folder", metavar="FOLDER",
+                       help=f"with a record format: the dataset's {kind}_folder; each entry "
+                       "then records the names, sizes and mtimes of the files its records "
+                       "name there, so a build from the manifest stats none of them (their "
+                       "changes are seen by --refresh)")
     p.add_argument("--no-content-hash", action="store_true",
                    help="skip the SHA-256 of each shard's bytes (faster over slow storage; the "
                    "fingerprint then cannot catch an edit that keeps a shard's size)")
@@ -39,8 +45,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not args.shards or not args.out:
         raise ConfigError("zephon-vl index: give SHARD... --out MANIFEST (or --refresh "
                           "MANIFEST)")
+    folders = {f"{k}_folder": _folder(getattr(args, f"{k}_folder"))
+               for k in ("image", "video") if getattr(args, f"{k}_folder")}
     if args.format != "webdataset":
-        return _records(args)
+        return _records(args, folders)
+    if folders:
+        raise ConfigError("zephon-vl index: --image-folder and --video-folder are for record "
+                          "formats (--format llava, parquet, messages, obelics)")
     from zephon_vl.cli.progress import Progress
 
     t0 = time.perf_counter()
@@ -54,19 +65,32 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _records(args: argparse.Namespace) -> int:
-    """A record manifest: each file's count, identity, row groups or offset index."""
+def _folder(value: str) -> str:
+    """A folder as a dataset resolves it (absolute), so a build finds the manifest's media
+    identity made for its own folders; URLs as given."""
+    from pathlib import Path
+
+    from zephon_core.extend import is_remote
+
+    return value if is_remote(value) else str(Path(value).resolve())
+
+
+def _records(args: argparse.Namespace, folders: dict[str, str]) -> int:
+    """A record manifest: each file's count, identity, row groups or offset index (and
+    the identity of the media its records name in `folders`)."""
     from zephon_vl.cli.progress import Progress
     from zephon_vl.formats.manifest import build_record_manifest
 
     t0 = time.perf_counter()
     with Progress("zephon-vl index", len(args.shards), "files") as progress:
         entries = build_record_manifest(args.shards, args.out, args.format,
-                                        progress=progress.update)
+                                        progress=progress.update, folders=folders)
     records = sum(e.num_records for e in entries)
     size = sum(e.size for e in entries)
+    media = sum(e.media.get("files", 0) for e in entries if e.media)
     print(f"{args.out}: {len(entries)} {args.format} files, {records} records, "
-          f"{size / 1e6:.1f} MB, indexed in {time.perf_counter() - t0:.1f} s")
+          f"{size / 1e6:.1f} MB" + (f", {media} media files listed" if folders else "")
+          + f", indexed in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

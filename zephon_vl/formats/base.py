@@ -116,7 +116,7 @@ class RecordFormat:
         folders = {k: option_path(spec, k) for k in ("image_folder", "video_folder")}
         places = MediaPlaces(folders, spec.options)
         self.check_first_references(records, fields, places)
-        return FormatReader(self, dict(fields), records, folders, places)
+        return FormatReader(self, dict(fields), records, folders, places, index_cache)
 
     def manifest_entries(self, spec: DatasetSpec) -> list[RecordEntry] | None:
         """The entries of the record manifest a dataset names as its one file (None: its
@@ -217,12 +217,15 @@ class FormatReader:
     where `places` allows and within its bounds)."""
 
     def __init__(self, fmt: RecordFormat, fields: dict[str, str], records: RecordFiles,
-                 folders: dict[str, str | None], places: MediaPlaces | None = None) -> None:
+                 folders: dict[str, str | None], places: MediaPlaces | None = None,
+                 index_cache: str | None = None) -> None:
         self.format = fmt
         self.fields = fields
         self.records = records
         self.folders = folders
         self.places = places if places is not None else MediaPlaces(folders, {})
+        self.index_cache = index_cache
+        self._media: dict[int, dict] = {}
 
     @property
     def num_shards(self) -> int:
@@ -232,8 +235,28 @@ class FormatReader:
         return self.records.sizes[shard]
 
     def shard_identity(self, shard: int) -> dict:
-        return {**self.records.shard_identity(shard), "format": self.format.name,
-                "fields": dict(sorted(self.fields.items()))}
+        identity = {**self.records.shard_identity(shard), "format": self.format.name,
+                    "fields": dict(sorted(self.fields.items())),
+                    "media": self.media_identity(shard)}
+        if self.places.policy:  # only where set: fingerprints without it stay as they were
+            identity["media_policy"] = self.places.policy
+        return identity
+
+    def media_identity(self, shard: int) -> dict:
+        """The folders and the identity of the files file `shard`'s records name (see
+        `zephon_vl.formats.media_identity`), computed once per reader: once per build."""
+        found = self._media.get(shard)
+        if found is None:
+            from zephon_vl.formats.media_identity import shard_media
+
+            found = self._media[shard] = shard_media(self, shard)
+        return found
+
+    def identity_change(self, shard: int, recorded: dict) -> str | None:
+        """`ExplainsChanges`: the media files that changed since `recorded` was made."""
+        from zephon_vl.formats.media_identity import explain_change
+
+        return explain_change(self, shard, recorded)
 
     def key(self, shard: int, index: int) -> str:
         """``file:key`` of a record, as its drops and errors name it (for the ledger: JSON

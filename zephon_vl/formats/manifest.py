@@ -69,28 +69,55 @@ def is_record_manifest(location: str | os.PathLike) -> bool:
     return _HEAD.match(head) is not None
 
 
-def _entry(i: int, location: str, out: Path, index_cache: str | None) -> RecordEntry:
-    """Index one file (stat, footer or offsets) and write its offset sidecar."""
+def _entry(i: int, location: str, out: Path, index_cache: str | None,
+           media: Media = None) -> RecordEntry:
+    """Index one file (stat, footer or offsets) and write its offset sidecar; with `media`
+    (format name and folders), record the identity of the media its records name."""
     st = stat_shard(location)
     files = RecordFiles([location], index_cache)
     try:
         keys = files.keys_of_first(0)
     except Exception as exc:  # noqa: BLE001 - any unreadable first record is named
         raise ConfigError(f"{location}: its first record cannot be read ({exc})") from None
+    found = _media_of(location, media, index_cache)
     if files.kinds[0] == "parquet":
         rows = np.diff(files.group_starts[0]).astype(int).tolist()
-        return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, rows)
+        return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, rows,
+                           media=found)
     rel = f"{index_folder(out).name}/{i:06d}-{base_name(location)}.zoffsets.json"
     atomic_write(out.parent / rel, offsets_blob(location, st.size, st.identity,
                                                 files.offsets[0]))
-    return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, None, rel)
+    return RecordEntry(location, st.size, st.identity, files.sizes[0], keys, None, rel,
+                       media=found)
+
+
+#: what `zephon-vl index --image-folder/--video-folder` lists media for: the format's name
+#: and the dataset's folder options (None: no media identity in the manifest)
+Media = tuple[str, dict[str, str]] | None
+
+
+def _media_of(location: str, media: Media, index_cache: str | None) -> dict | None:
+    """The media identity of one record file's references, as a build would compute it
+    for a dataset with these folders and the format's own field names."""
+    if media is None:
+        return None
+    from zephon_core.extend import dataset_reader
+    from zephon_vl.formats.media_identity import indexed_media
+
+    name, folders = media
+    reader = dataset_reader({"files": [location], "format": name, **folders}, index_cache)
+    return indexed_media(reader, 0)  # type: ignore[arg-type]
 
 
 def build_record_manifest(files: Sequence[str | os.PathLike], out: str | os.PathLike,
                           format_name: str, index_cache: str | None = None,
-                          progress: Callable[[int], None] | None = None) -> list[RecordEntry]:
+                          progress: Callable[[int], None] | None = None,
+                          folders: dict[str, str] | None = None) -> list[RecordEntry]:
     """Index every record file of format `format_name` and write the manifest `out` (a
-    local path); `progress` is called with the number of files indexed after each one."""
+    local path); `progress` is called with the number of files indexed after each one.
+    With `folders` (``image_folder``/``video_folder``, as the dataset will set them), each
+    entry records the identity of the media its records name, so a build from the
+    manifest stats none of them (`zephon_vl.formats.media_identity`)."""
     if format_name not in RECORD_FORMATS:
         raise ConfigError(f"zephon-vl index --format {format_name}: record manifests index "
                           f"{', '.join(RECORD_FORMATS)} files (webdataset: tar shards; a "
@@ -98,8 +125,9 @@ def build_record_manifest(files: Sequence[str | os.PathLike], out: str | os.Path
     out = Path(out)
     index_folder(out).mkdir(parents=True, exist_ok=True)
     entries = []
+    media = (format_name, dict(folders)) if folders else None
     for i, f in enumerate(files):
-        entries.append(_entry(i, checked_location(f), out, index_cache))
+        entries.append(_entry(i, checked_location(f), out, index_cache, media))
         if progress is not None:
             progress(i + 1)
     _write(out, format_name, entries)
@@ -114,7 +142,8 @@ def _write(out: Path, format_name: str, entries: Sequence[RecordEntry]) -> None:
                                         ("identity", e.identity),
                                         ("num_records", e.num_records),
                                         ("row_groups", e.row_groups), ("keys", e.keys),
-                                        ("offsets", e.offsets)) if v is not None}
+                                        ("offsets", e.offsets), ("media", e.media))
+                      if v is not None}
                      for e in entries]}
     atomic_write(out, json.dumps(doc, indent=1))
 
@@ -122,8 +151,9 @@ def _write(out: Path, format_name: str, entries: Sequence[RecordEntry]) -> None:
 def refresh_record_manifest(manifest: str | os.PathLike,
                             index_cache: str | None = None) -> list[ShardChange]:
     """Re-index the files of a local record `manifest` whose size or identity changed and
-    rewrite their entries; unchanged files are only stat'ed. Returns the changes (none:
-    the manifest is left as it was)."""
+    rewrite their entries; unchanged files are only stat'ed, and where an entry records
+    the identity of its media, those are listed again. Returns the changes (none: the
+    manifest is left as it was)."""
     if is_remote(os.fspath(manifest)):
         raise ConfigError(f"{os.fspath(manifest)}: refresh a local copy of the manifest "
                           "(offset paths are relative to it), then upload it")
@@ -134,18 +164,51 @@ def refresh_record_manifest(manifest: str | os.PathLike,
     changes = []
     for i, entry in enumerate(entries):
         st = stat_shard(entry.url)
+        media = _media_config(str(doc["records_format"]), entry.media)
         if (st.size, st.identity) == (entry.size, entry.identity):
             entries[i] = replace(entry, offsets=written[i])
-            continue
-        new = entries[i] = _entry(i, entry.url, path, index_cache)
-        changes.append(ShardChange(entry.url, {
-            f: (was, now) for f, was, now in (
-                ("size", entry.size, new.size), ("identity", entry.identity, new.identity),
-                ("num_records", entry.num_records, new.num_records),
-                ("row_groups", entry.row_groups, new.row_groups)) if was != now}))
+            if media is not None:  # the records are the same; their media may not be
+                entries[i] = replace(entries[i], media=_media_of(entry.url, media,
+                                                                 index_cache))
+        else:
+            entries[i] = _entry(i, entry.url, path, index_cache, media)
+        new = entries[i]
+        changed = {f: (was, now) for f, was, now in (
+            ("size", entry.size, new.size), ("identity", entry.identity, new.identity),
+            ("num_records", entry.num_records, new.num_records),
+            ("row_groups", entry.row_groups, new.row_groups),
+            ("media", _digest(entry.media), _digest(new.media))) if was != now}
+        if "media" in changed and _media_change(entry.media, new.media):
+            changed["media"] = (changed["media"][0], f"{changed['media'][1]} "
+                                f"({_media_change(entry.media, new.media)})")
+        if changed:
+            changes.append(ShardChange(entry.url, changed))
     if changes:
         _write(path, str(doc["records_format"]), entries)
     return changes
+
+
+def _media_config(format_name: str, recorded: dict | None) -> Media:
+    """How an entry's media identity was made (None: it has none), to make it again."""
+    if not isinstance(recorded, dict):
+        return None
+    from zephon_vl.formats.media_identity import FOLDERS
+
+    return format_name, {k: recorded[k] for k in FOLDERS if recorded.get(k) is not None}
+
+
+def _digest(media: dict | None) -> str | None:
+    return None if media is None else f"{media.get('files')} files, sha256 " \
+        f"{str(media.get('sha256'))[:12]}"
+
+
+def _media_change(was: dict | None, now: dict | None) -> str:
+    """Which files changed between two media identities, when both listings are kept."""
+    from zephon_vl.formats.media_identity import changed_files, recall_listing
+
+    old = recall_listing(str((was or {}).get("sha256")))
+    new = recall_listing(str((now or {}).get("sha256")))
+    return changed_files(old, new) if old is not None and new is not None else ""
 
 
 def _document(text: str) -> dict[str, Any]:
@@ -170,7 +233,7 @@ def load_record_manifest(location: str | os.PathLike,
                                [int(r) for r in f["row_groups"]] if "row_groups" in f
                                else None,
                                resolve_beside(text, str(f["offsets"])) if "offsets" in f
-                               else None)
+                               else None, f.get("media"))
                    for f in doc["files"]]
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"manifest {text}: malformed file entry ({e!r})") from None

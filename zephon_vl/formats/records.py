@@ -173,6 +173,7 @@ class RecordEntry:
     keys: list[str]  # Parquet columns, or the first record's keys
     row_groups: list[int] | None = None  # Parquet: rows of each row group
     offsets: str | None = None  # JSON/JSONL: where its offset index lies (path or URL)
+    media: dict | None = None  # the media its records name (`media_identity.indexed_media`)
 
 
 def file_changed_error(name: str, field: str, indexed: Any, now: Any) -> ZephonError:
@@ -371,6 +372,10 @@ class RecordFiles:
                     source = str(local_path(f))
                 found = self._pq[s] = pq.ParquetFile(source)
         return found
+
+    def parquet_file(self, s: int) -> Any:
+        """File `s`' ``pyarrow.parquet.ParquetFile`` (schema and row groups), opened once."""
+        return self._parquet(s)
 
     def read(self, s: int, i: int) -> Any:
         if self.kinds[s] == "parquet":

@@ -35,6 +35,8 @@ from zephon_vl.media.files import file_kind, inside, path_fault
 #: default bounds of one referenced file (a dataset's ``max_image_bytes`` / ``max_video_bytes``)
 MAX_IMAGE_BYTES = 256 << 20
 MAX_VIDEO_BYTES = 2 << 30
+#: the dataset options of the reference policy besides the folders
+POLICY_OPTIONS = ("max_image_bytes", "max_video_bytes")
 #: the dataset options this module reads (beside ``image_folder`` and ``video_folder``)
 OPTIONS = ("allow_references", "max_image_bytes", "max_video_bytes")
 
@@ -103,6 +105,11 @@ class MediaPlaces:
         self.limits = {False: _positive(options, "max_image_bytes", MAX_IMAGE_BYTES),
                        True: _positive(options, "max_video_bytes", MAX_VIDEO_BYTES)}
         allowed = _allowed(options)
+        #: the options that decide which references are read, where set (a fingerprint
+        #: field: another policy drops other records, so a resume under it would diverge)
+        self.policy: dict[str, Any] = {k: options[k] for k in POLICY_OPTIONS if k in options}
+        if allowed:
+            self.policy["allow_references"] = list(allowed)
         self.prefixes: dict[bool, tuple[str, ...]] = {}
         self.roots: dict[bool, tuple[str, ...]] = {}
         for video_kind, folder in self.folders.items():
