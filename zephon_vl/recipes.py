@@ -41,7 +41,13 @@ from zephon_core import (
     setting,
     settings_groups,
 )
-from zephon_core.extend import PACK_MODES, dataset_format, dataset_reader, settings_from_table
+from zephon_core.extend import (
+    PACK_MODES,
+    check_lane_geometry,
+    dataset_format,
+    dataset_reader,
+    settings_from_table,
+)
 from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -117,6 +123,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
     own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
     ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
+    check_lane_geometry(num_lanes, global_batch_size)  # before rows per lane divide by it
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
