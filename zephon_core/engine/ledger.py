@@ -24,6 +24,11 @@ by the worker that made it. ``drops`` are the drops reported at that step,
 the decoder's message), the same text at every `D`, runner and run
 (`zephon_core.records.drop_detail`).
 
+A run that delivers no step at all (its finite data ended before the first
+one) writes its header and one *end* line instead, ``{"end": 0, "rows": n,
+"drops": [...]}``: the rows its lanes made and every drop, in the step lines'
+drop format (`end_entry`); `read_ledger` keeps it as `Ledger.end`.
+
 A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON,
 drops without their ``detail``, so ledgers written before details compare equal);
 the step digest is the SHA-256 of ``"lane:digest\\n"`` over the lanes in

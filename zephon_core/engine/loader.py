@@ -331,7 +331,14 @@ class Loader(BackgroundSteps):
         that had not finished.
 
         Together with every `last_meta` of the run, this accounts for every
-        element the lanes consumed (exactly once, guarantee 5).
+        element the lanes consumed (exactly once, guarantee 5). How the
+        remainder splits between ``rows``, ``drops`` and ``held`` (and the
+        counts of `end_of_data`) is a picture of the moment this rank stopped:
+        it depends on how far each lane had worked ahead (runner timing,
+        `Execution.prefetch_steps`, the short warm-up after a restore), so it
+        differs between runners and across a resume, and is no part of the
+        guarantees. `drain()` finishes the lanes instead: its rows and drops are
+        the same at every D, runner and resume.
         """
         rest = [run.leftover() for run in self._runs]
         return {
