@@ -123,7 +123,6 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
     own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
     ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
-    check_lane_geometry(num_lanes, global_batch_size)  # before rows per lane divide by it
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
@@ -134,7 +133,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     special = family.special_tokens(load_tokenizer(tokenizer))
     framing = family.framing(chat)
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
-    packer = _packer(pack, balance, seq_len, max(1, global_batch_size // num_lanes),
+    packer = _packer(pack, balance, seq_len, _rows_per_lane(num_lanes, global_batch_size),
                      special.pad, _filler(image, family, special, wants_image))
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
                      family, framing), packer]
@@ -143,6 +142,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _rows_per_lane(num_lanes: int, global_batch_size: int) -> int:
+    """`G / L`, once the geometry is checked (a lane count of 0 is a `ConfigError` naming
+    it, not a division by zero)."""
+    check_lane_geometry(num_lanes, global_batch_size)
+    return global_batch_size // num_lanes
 
 
 def _datasets(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],

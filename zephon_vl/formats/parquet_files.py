@@ -17,8 +17,10 @@ from zephon_core import ConfigError
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's text on one line, cut at `limit` characters."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """An exception's text on one line (control characters, which pyarrow copies from
+    garbled bytes, dropped), cut at `limit` characters."""
+    text = " ".join("".join(c for c in str(exc) if c.isprintable() or c.isspace()).split())
+    text = text or type(exc).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
