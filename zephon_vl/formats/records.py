@@ -39,18 +39,18 @@ from zephon_core import (
 )
 from zephon_core import cache_dir as default_cache_dir
 from zephon_core.extend import (
+    CORRUPT_ROW_GROUP,
     StoredFileIO,
     base_name,
+    corrupt_group_detail,
+    is_parquet_damage,
     is_remote,
     loads_sample,
     local_path,
-    read_whole,
-)
-from zephon_vl.formats.parquet_files import (
-    is_parquet_damage,
-    one_line,
     open_parquet,
     parquet_layout,
+    read_checked_group,
+    read_whole,
 )
 
 log = logging.getLogger(__name__)
@@ -496,19 +496,14 @@ class RecordFiles:
             try:
                 if is_remote(self.files[s]):  # one file object, one position: one at a time
                     with self._remote_lock:
-                        table = pf.read_row_group(g, columns=columns)
-                else:
-                    table = pf.read_row_group(g, columns=columns)
-                table.validate(full=True)
-                return table
+                        return read_checked_group(pf, g, columns)
+                return read_checked_group(pf, g, columns)
             except Exception as exc:
                 if not is_parquet_damage(exc):
                     raise
                 a, b = (int(v) for v in self.group_starts[s][g:g + 2])
-                known = (f"row group {g} (rows {a}-{b - 1}) of {base_name(self.files[s])} "
-                         f"does not decode ({one_line(exc, 60)}): the file is damaged; "
-                         "re-create or re-download it")
+                known = corrupt_group_detail(base_name(self.files[s]), g, a, b, exc)
                 with self._lock:
                     self._corrupt[(s, g)] = known
-        raise BadSampleError("corrupt_row_group", f"{base_name(self.files[s])}:{i}", known)
+        raise BadSampleError(CORRUPT_ROW_GROUP, f"{base_name(self.files[s])}:{i}", known)
 

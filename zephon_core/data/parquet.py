@@ -3,17 +3,22 @@
 A ``.parquet`` whose footer does not read (empty, not Parquet, cut short, its
 metadata garbled) cannot be planned: the recipe build refuses it with one line
 naming the file and the fix. A row group whose pages do not decode is damage
-of that group alone: `RecordFiles` turns it into ``corrupt_row_group`` bad
-samples (docs/reliability.md). pyarrow reports both as `ArrowInvalid` or as an
+of that group alone: the readers (`ParquetReader` for ``text``, the record
+formats' `RecordFiles`) make each of its rows a ``corrupt_row_group`` bad
+sample (docs/reliability.md). pyarrow reports both as `ArrowInvalid` or as an
 `OSError` without an errno ("Couldn't deserialize thrift"); an OS read error
 carries its errno and storage raises its own errors, and those stop the run.
+pyarrow is imported inside the functions: the core does not need it to load.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from zephon_core import ConfigError
+from zephon_core.errors import ConfigError
+
+#: the drop reason of a row in a row group that does not decode
+CORRUPT_ROW_GROUP = "corrupt_row_group"
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
@@ -82,3 +87,19 @@ def parquet_layout(pf: Any, location: str, size: int) -> tuple[list[int], list[s
             raise
         raise parquet_refusal(location, exc) from None
     return rows, columns
+
+
+def read_checked_group(pf: Any, group: int, columns: list[str] | None = None) -> Any:
+    """Row group `group` of the open file `pf`, decoded and checked (`validate(full=True)`:
+    offsets, UTF-8, so damage shows here and not as one odd row later)."""
+    table = pf.read_row_group(group, columns=columns)
+    table.validate(full=True)
+    return table
+
+
+def corrupt_group_detail(name: str, group: int, first: int, stop: int,
+                         exc: BaseException) -> str:
+    """What a ``corrupt_row_group`` drop (or error) says: the file, the group, its rows
+    ``[first, stop)``, pyarrow's words and the fix."""
+    return (f"row group {group} (rows {first}-{stop - 1}) of {name} does not decode "
+            f"({one_line(exc, 60)}): the file is damaged; re-create or re-download it")
