@@ -42,11 +42,16 @@ def is_parquet_damage(exc: BaseException) -> bool:
 
 def open_parquet(source: Any, location: str) -> Any:
     """``pq.ParquetFile`` of `source` (checking page checksums where the writer stored
-    them), or a one-line `ConfigError` naming `location` and what is wrong with it."""
+    them, with pyarrow 14 or later), or a one-line `ConfigError` naming `location` and
+    what is wrong with it."""
+    import inspect
+
     import pyarrow.parquet as pq
 
+    checks = "page_checksum_verification" in inspect.signature(pq.ParquetFile).parameters
     try:
-        return pq.ParquetFile(source, page_checksum_verification=True)
+        return pq.ParquetFile(source, **({"page_checksum_verification": True} if checks
+                                         else {}))
     except Exception as exc:
         if not is_parquet_damage(exc):
             raise
