@@ -28,7 +28,9 @@ class CheckpointError(ZephonError):
 
 
 class NoRowsError(ZephonError):
-    """A lane keeps drawing elements and drops every one: the recipe can never make a row."""
+    """A lane keeps drawing elements and drops every one: the recipe can never make a row;
+    or a finite run's data ended before its first step (the simulated ranks of
+    `run_digests`, ``zephon-vl digest``), every sample dropped or too few rows."""
 
 
 class BadSampleError(ZephonError):

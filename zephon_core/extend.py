@@ -29,6 +29,13 @@ _EXPORTS: dict[str, str] = {
     "scheme_of": "zephon_core.data.storage",
     "StoredFileIO": "zephon_core.data.storage",
     "current_storage": "zephon_core.data.storage",
+    # damaged Parquet files: refused at build, or corrupt_row_group bad samples
+    "CORRUPT_ROW_GROUP": "zephon_core.data.parquet",
+    "corrupt_group_detail": "zephon_core.data.parquet",
+    "is_parquet_damage": "zephon_core.data.parquet",
+    "open_parquet": "zephon_core.data.parquet",
+    "parquet_layout": "zephon_core.data.parquet",
+    "read_checked_group": "zephon_core.data.parquet",
     # operators
     "check_on_error": "zephon_core.ops.contract",
     "TokenizerTransform": "zephon_core.ops.text",

@@ -33,6 +33,13 @@ class TextCollate:
 Collate = Callable[[list[Row]], dict[str, Any]]
 
 
+def check_rank_count(dp_world_size: int, what: str = "the data-parallel rank count") -> None:
+    """Refuse a rank count below one (`what` names where it came from)."""
+    if isinstance(dp_world_size, bool) or not isinstance(dp_world_size, int) \
+            or dp_world_size < 1:
+        raise ConfigError(f"{what} must be an int >= 1, got {dp_world_size!r}")
+
+
 def check_lane_geometry(num_lanes: int, global_batch_size: int | None = None,
                         dp_world_size: int | None = None, *, where: str = "",
                         hint: str = "") -> None:
@@ -43,7 +50,7 @@ def check_lane_geometry(num_lanes: int, global_batch_size: int | None = None,
     L = num_lanes
     if not isinstance(L, int) or L < 1:
         raise ConfigError(f"num_lanes must be >= 1, got {L!r}")
-    if dp_world_size is not None and (dp_world_size < 1 or L % dp_world_size):
+    if dp_world_size is not None and (check_rank_count(dp_world_size) or L % dp_world_size):
         D = dp_world_size
         divisors = [d for d in range(1, L + 1) if L % d == 0]
         raise ConfigError(

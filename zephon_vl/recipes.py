@@ -41,7 +41,13 @@ from zephon_core import (
     setting,
     settings_groups,
 )
-from zephon_core.extend import PACK_MODES, dataset_format, dataset_reader, settings_from_table
+from zephon_core.extend import (
+    PACK_MODES,
+    check_lane_geometry,
+    dataset_format,
+    dataset_reader,
+    settings_from_table,
+)
 from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -127,7 +133,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     special = family.special_tokens(load_tokenizer(tokenizer))
     framing = family.framing(chat)
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
-    packer = _packer(pack, balance, seq_len, max(1, global_batch_size // num_lanes),
+    packer = _packer(pack, balance, seq_len, _rows_per_lane(num_lanes, global_batch_size),
                      special.pad, _filler(image, family, special, wants_image))
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
                      family, framing), packer]
@@ -136,6 +142,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _rows_per_lane(num_lanes: int, global_batch_size: int) -> int:
+    """`G / L`, once the geometry is checked (a lane count of 0 is a `ConfigError` naming
+    it, not a division by zero)."""
+    check_lane_geometry(num_lanes, global_batch_size)
+    return global_batch_size // num_lanes
 
 
 def _datasets(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],

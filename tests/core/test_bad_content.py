@@ -85,3 +85,58 @@ def test_deep_json_is_a_bad_sample_whatever_the_stack(tmp_path) -> None:
         assert info.value.reason == "corrupt_json" and "nested deeper" in str(info.value)
     with pytest.raises(BadSampleError, match="nested deeper"):
         loads_sample("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "here")
+
+
+def _text_parquet(path, rows: int = 24, group: int = 8):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"document {i}: " + "words " * (5 + i % 7) for i in range(rows)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=group)
+    return path
+
+
+def _garble_group(path, g: int) -> None:
+    """Overwrite the first page header of row group `g`'s column; the footer stays."""
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(path).metadata.row_group(g).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+
+
+def test_text_parquet_damage_is_refused_or_a_corrupt_row_group(tmp_path) -> None:
+    """The ``text`` format's Parquet reader (issue 34): a file without a Parquet footer is
+    refused at build naming it; a row group that does not decode is, row by row,
+    ``corrupt_row_group`` (dropped under ``drop``; under ``raise`` the run stops naming
+    file, row group and fix), where pyarrow's traceback named nothing."""
+    from zephon_core import ConfigError, text_recipe
+
+    good = _text_parquet(tmp_path / "good.parquet")
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(good.read_bytes()[:100])
+    with pytest.raises(ConfigError, match=r"cut\.parquet: is not a Parquet file .*re-create"):
+        text_recipe([str(good), str(cut)], None, num_lanes=2, global_batch_size=2)
+    damaged = _text_parquet(tmp_path / "damaged.parquet")
+    _garble_group(damaged, 1)
+    recipe = text_recipe([str(damaged)], None, seq_len=64, num_lanes=2, global_batch_size=2,
+                         epochs=1, on_error="drop")
+    dropped = []
+    with Loader(recipe, 0, 1, Execution(runner="inline")) as loader:
+        while loader.next_rows() is not None:
+            dropped += loader.last_meta.drops
+        dropped += loader.drain().drops
+    assert sorted((o.index, why) for o, why in dropped) == \
+        [(i, "corrupt_row_group") for i in range(8, 16)]
+    raising = text_recipe([str(damaged)], None, seq_len=64, num_lanes=2, global_batch_size=2,
+                          epochs=1)
+    with pytest.raises(BadSampleError) as info, \
+            Loader(raising, 0, 1, Execution(runner="inline")) as loader:
+        while loader.next_rows() is not None:
+            pass
+    message = str(info.value)
+    for part in ("corrupt_row_group", "damaged.parquet", "row group 1 (rows 8-15)",
+                 "re-create", "on_error='drop'"):
+        assert part in message, message

@@ -203,3 +203,25 @@ def recipe_toml(path: Path, datasets: list[dict[str, Any]], **keys: Any) -> Path
                 lines.append(f"{k} = {json.dumps(v)}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def damage_row_group(path: Path, group: int, how: str = "header", column: int = 1) -> None:
+    """Overwrite bytes inside row group `group`'s column chunk `column` of a Parquet file,
+    footer untouched: ``header`` garbles its first page header (pyarrow: "Couldn't
+    deserialize thrift"), ``data`` 16 bytes in the middle of its pages (a string column:
+    "Invalid or truncated PLAIN-encoded BYTE_ARRAY data", or invalid UTF-8). The other row
+    groups still decode, and the footer still reads: the damage is that group's alone."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(group).column(column)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    at = start if how == "header" else start + chunk.total_compressed_size // 2
+    data = bytearray(path.read_bytes())
+    data[at:at + (8 if how == "header" else 16)] = b"\xff" * (8 if how == "header" else 16)
+    path.write_bytes(bytes(data))
+    pf = pq.ParquetFile(path)
+    assert pf.metadata.num_row_groups == meta.num_row_groups, "the footer must stay intact"
+    for g in range(meta.num_row_groups):
+        if g != group:
+            pf.read_row_group(g).validate(full=True)

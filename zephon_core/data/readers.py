@@ -16,7 +16,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from zephon_core.common.jsontext import loads_sample
-from zephon_core.errors import ConfigError
+from zephon_core.data.parquet import (
+    CORRUPT_ROW_GROUP,
+    corrupt_group_detail,
+    is_parquet_damage,
+    open_parquet,
+    parquet_layout,
+    read_checked_group,
+)
+from zephon_core.errors import BadSampleError, ConfigError
 
 
 @runtime_checkable
@@ -178,7 +186,7 @@ class ParquetReader:
 
     def __init__(self, paths: list[str | os.PathLike], columns: list[str] | None = None) -> None:
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet  # noqa: F401  (the formats below need it)
         except ImportError:
             raise ConfigError("reading Parquet shards needs pyarrow: pip install "
                               "'zephon-vl[parquet]'") from None
@@ -189,8 +197,7 @@ class ParquetReader:
         for p in self.paths:
             if not p.is_file():
                 raise ConfigError(f"Parquet shard {p} does not exist; check the dataset's paths")
-            meta = pq.ParquetFile(p).metadata
-            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            rows, _ = parquet_layout(open_parquet(str(p), str(p)), str(p), p.stat().st_size)
             self._group_starts.append(np.concatenate([[0], np.cumsum(rows)]).astype(np.int64))
         self._cache: dict[int, tuple[int, list[dict]]] = {}
 
@@ -210,13 +217,19 @@ class ParquetReader:
         return _file_identity(self.paths[shard], self.shard_len(shard))
 
     def read(self, shard: int, index: int) -> Any:
-        import pyarrow.parquet as pq
-
         starts = self._group_starts[shard]
         group = int(np.searchsorted(starts, index, side="right")) - 1
         cached = self._cache.get(shard)
         if cached is None or cached[0] != group:
-            table = pq.ParquetFile(self.paths[shard]).read_row_group(group, columns=self.columns)
+            name = self.paths[shard].name
+            try:
+                table = read_checked_group(open_parquet(str(self.paths[shard]), name), group,
+                                           self.columns)
+            except Exception as exc:  # damage of this group: each of its rows is bad
+                if not is_parquet_damage(exc):
+                    raise
+                raise BadSampleError(CORRUPT_ROW_GROUP, f"{name}:{index}", corrupt_group_detail(
+                    name, group, int(starts[group]), int(starts[group + 1]), exc)) from None
             cached = (group, table.to_pylist())
             self._cache[shard] = cached
         return cached[1][index - int(starts[group])]

@@ -24,6 +24,11 @@ by the worker that made it. ``drops`` are the drops reported at that step,
 the decoder's message), the same text at every `D`, runner and run
 (`zephon_core.records.drop_detail`).
 
+A run that delivers no step at all (its finite data ended before the first
+one) writes its header and one *end* line instead, ``{"end": 0, "rows": n,
+"drops": [...]}``: the rows its lanes made and every drop, in the step lines'
+drop format (`end_entry`); `read_ledger` keeps it as `Ledger.end`.
+
 A lane digest is the SHA-256 of that lane's rows and drops (canonical JSON,
 drops without their ``detail``, so ledgers written before details compare equal);
 the step digest is the SHA-256 of ``"lane:digest\\n"`` over the lanes in
@@ -142,6 +147,26 @@ def step_entry(step: int, entries: Mapping[int, dict], datasets: int = 0) -> dic
     }
 
 
+def end_entry(step: int, rows: int, drops: Iterable[tuple[int, Origin, str, str]],
+              keys: Any = None) -> dict:
+    """The ledger line of a run that ended at `step` without delivering it: how many rows
+    its lanes had made (`rows`) and every drop no step line reported, each
+    ``(lane, origin, reason, detail)``, in the drop format of a step line. Written when a
+    run delivers no batch at all (`zephon_core.engine.simulate`), so the ledger says
+    where the data went; it has no digest and compares with nothing."""
+    out = []
+    for lane, o, reason, detail in drops:
+        drop: dict[str, Any] = {"lane": lane, **_origin(o)}
+        key = keys(o.dataset, o.shard, o.index) if keys else None
+        if key is not None:
+            drop["key"] = key
+        drop["reason"] = reason
+        if detail:
+            drop["detail"] = detail
+        out.append(drop)
+    return {"end": step, "rows": rows, "drops": out}
+
+
 def step_mixture(rows: list[dict], datasets: int = 0) -> dict[str, Any]:
     """The realized mixture of a step, per dataset index: samples (segments that begin a
     sample) and tokens (span lengths) its rows hold. Derived from the rows alone; datasets
@@ -217,9 +242,10 @@ class LedgerWriter:
         return fd
 
     def write(self, entry: dict) -> None:
-        """Append one step line; the first one after opening starts with a header."""
+        """Append one step line (or an `end_entry`); the first one after opening starts
+        with a header."""
         if self._fd is None:
-            self._fd = self._open(int(entry["step"]))
+            self._fd = self._open(int(entry["step"] if "step" in entry else entry["end"]))
         os.write(self._fd, (json.dumps(entry, sort_keys=True, separators=(",", ":"))
                             + "\n").encode())
 
@@ -283,6 +309,8 @@ class Ledger:
     sample_digest: str = SAMPLE_DIGEST
     steps: dict[int, dict] = field(default_factory=dict)
     resumes: list[int] = field(default_factory=list)
+    #: the `end_entry` line of a run that delivered no batch (None: every other ledger)
+    end: dict | None = None
 
 
 def read_ledger(path: str | os.PathLike) -> Ledger:
@@ -328,6 +356,9 @@ def read_ledger(path: str | os.PathLike) -> Ledger:
         if ledger is None:
             raise LedgerError(f"{where} is not a zephon ledger: line {n} comes before any "
                               "header line (write ledgers with --ledger or Loader(ledger=))")
+        if "end" in line and "step" not in line:
+            ledger.end = line
+            continue
         if not isinstance(line.get("step"), int) or "digest" not in line:
             raise LedgerError(f"ledger {where}, line {n}: a step line needs 'step' and 'digest'")
         ledger.steps[line["step"]] = line

@@ -34,8 +34,9 @@ from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runners import Runner
+from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import is_count
-from zephon_core.engine.steps import Drained, Step, StepMeta, collate_rows
+from zephon_core.engine.steps import Drained, Step, StepMeta, collate_rows, lane_drops
 from zephon_core.errors import ConfigError, ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
@@ -333,7 +334,14 @@ class Loader(BackgroundSteps):
         that had not finished.
 
         Together with every `last_meta` of the run, this accounts for every
-        element the lanes consumed (exactly once, guarantee 5).
+        element the lanes consumed (exactly once, guarantee 5). How the
+        remainder splits between ``rows``, ``drops`` and ``held`` (and the
+        counts of `end_of_data`) is a picture of the moment this rank stopped:
+        it depends on how far each lane had worked ahead (runner timing,
+        `Execution.prefetch_steps`, the short warm-up after a restore), so it
+        differs between runners and across a resume, and is no part of the
+        guarantees. `drain()` finishes the lanes instead: its rows and drops are
+        the same at every D, runner and resume.
         """
         rest = [run.leftover() for run in self._runs]
         return {
@@ -378,17 +386,18 @@ class Loader(BackgroundSteps):
         except BaseException as exc:
             self._failed = exc
             raise
-        rows: list[Row] = []
-        lanes: list[int] = []
-        drops: list[tuple[Origin, str]] = []
+        out = Drained([], [], [])
         for run in self._runs:
+            pending = LaneSnapshot.from_json(run.snapshot()).drop_details
             rest = run.take_rest()
             mine = per_lane[run.lane] + rest.rows
-            rows += mine
-            lanes += [run.lane] * len(mine)
-            drops += [d for row in per_lane[run.lane] for d in row.drops]
-            drops += [*rest.drops, *rest.after]
-        return Drained(rows, lanes, drops)
+            out.rows += mine
+            out.lanes += [run.lane] * len(mine)
+            for drop, detail in lane_drops(mine, rest.after, pending):
+                out.drops.append(drop)
+                out.drop_lanes.append(run.lane)
+                out.drop_details.append(detail)
+        return out
 
     def _deliver(self, step: Step) -> None:
         """The consumer has the step: its snapshots become the loader's state."""

@@ -27,12 +27,14 @@ from typing import Any
 from zephon_core.common.digest import batch_digest
 from zephon_core.engine.checkpoint import merge_states
 from zephon_core.engine.execution import Execution
-from zephon_core.engine.ledger import LedgerWriter, step_entry
+from zephon_core.engine.ledger import LedgerWriter, end_entry, reader_keys, step_entry
 from zephon_core.engine.loader import Loader
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.runners import Runner
+from zephon_core.engine.steps import lane_drops
+from zephon_core.errors import NoRowsError
 from zephon_core.ops.pack import Row
-from zephon_core.spec import Recipe
+from zephon_core.spec import Recipe, check_rank_count
 
 
 @dataclass
@@ -86,11 +88,15 @@ class SimulatedRanks:
 
     def __init__(self, recipe: Recipe, dp: int, execution: Execution,
                  runners: dict[int, Runner], digests: bool = False) -> None:
+        check_rank_count(dp)
         self.recipe = recipe
         self.dp = dp
         self.digests = digests
         self.loaders = [Loader(recipe, d, dp, execution, runners=runners, gather=False,
                                digests=digests) for d in range(dp)]
+        #: the local batches of the last step asked for, rank by rank: when a later rank
+        #: had none (the end of the data), those the earlier ranks delivered
+        self.partial: list[tuple[Loader, list[Row]]] = []
 
     @property
     def step(self) -> int:
@@ -99,11 +105,13 @@ class SimulatedRanks:
     def global_step(self) -> GlobalStep | None:
         """The global batch, collated from all ranks' rows in rank order."""
         rows = []
+        self.partial = []
         for loader in self.loaders:
             local = loader.next_rows()
             if local is None:
                 return None
             rows += local
+            self.partial.append((loader, local))
         ledger = None
         if self.digests:
             entries = {lane: e for ld in self.loaders
@@ -161,6 +169,8 @@ class ElasticRun:
             t0 = time.perf_counter()
             out = sim.global_step()
             if out is None:
+                if t == 0:
+                    raise nothing_delivered(sim, writer)
                 return
             capacity = len(out.rows) * sim.recipe.seq_len
             if writer is not None and out.ledger is not None:
@@ -185,6 +195,8 @@ class ElasticRun:
         as `self.state`, passed to `on_state`) and, after the uninterrupted
         run, restored on each of `resume_dp` (default: `dp`).
         """
+        for d, what in [(dp, "dp"), *((d2, "a resume's dp") for d2 in resume_dp or [])]:
+            check_rank_count(d, what)  # before the run, not after it
         sim = self.ranks(dp, self.recipe)
         writer = self._writer(self.ledger, sim.recipe)
         try:
@@ -238,6 +250,46 @@ class ElasticRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def nothing_delivered(sim: SimulatedRanks, writer: LedgerWriter | None) -> NoRowsError:
+    """The error of a run whose data ended before its first step: how many rows the lanes
+    made and which drops, by reason, took the rest (every rank drained to the end of its
+    data first, so the counts are the data's, not the moment's). With a ledger, its
+    `end_entry` line lists every drop."""
+    recipe = sim.recipe
+    rows, drops = 0, []
+    for loader, local in sim.partial:  # ranks that delivered their part of step 0
+        r = len(local) // len(loader.lanes)
+        for k, lane in enumerate(loader.lanes):
+            mine = local[k * r:(k + 1) * r]
+            rows += len(mine)
+            drops += [(lane, o, why, detail) for (o, why), detail in lane_drops(mine, (), {})]
+    for d in (loader.drain() for loader in sim.loaders):
+        rows += len(d.rows)
+        drops += [(lane, o, why, detail) for lane, (o, why), detail
+                  in zip(d.drop_lanes, d.drops, d.drop_details, strict=True)]
+    drops.sort(key=lambda x: (x[0], x[1].seq))  # lane order: the same list at every D
+    keys = reader_keys(recipe) if drops else None
+    if writer is not None:
+        writer.write(end_entry(0, rows, drops, keys))
+    by_reason: dict[str, list] = {}
+    for drop in drops:
+        by_reason.setdefault(drop[2], []).append(drop)
+    parts = []
+    for reason, found in sorted(by_reason.items(), key=lambda x: (-len(x[1]), x[0])):
+        _, o, _, detail = found[0]
+        key = keys(o.dataset, o.shard, o.index) if keys else None
+        example = o.where() + (f" {key!r}" if key else "") + (f": {detail}" if detail else "")
+        parts.append(f"{len(found)} {reason} (e.g. {example})")
+    r = sim.loaders[0].batches.r_at(0)
+    dropped = f"{len(drops)} samples dropped: {'; '.join(parts)}" if drops else "none dropped"
+    return NoRowsError(
+        f"the run delivered no batch: its data ({recipe.epochs} epoch(s)) ended before the "
+        f"first step. The lanes made {rows} rows (a step needs {r * recipe.num_lanes} rows, "
+        f"{r} per lane) and {dropped}. Fix the data or the settings these reasons name, or "
+        "give the run more data; `zephon-vl inspect-data --recipe R` shows what each dataset "
+        "keeps and drops, and the ledger (--ledger PATH) lists every drop")
 
 
 def run_digests(make_recipe: Callable[[], Recipe], dp: int, steps: int,

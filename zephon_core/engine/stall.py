@@ -80,7 +80,9 @@ class StallGuard:
         other = sorted(set(run) - {OVER_LENGTH})
         if other:
             hints.append(f"check the data and the filters that drop {', '.join(other)} "
-                         "(`zephon-vl ledger`/the drop records name every sample)")
+                         "(`zephon-vl inspect-data --recipe R` shows a few drops of each "
+                         "dataset with why; a ledger, `zephon-vl digest --ledger PATH` or "
+                         "`Loader(ledger=)`, names every dropped sample)")
         return hints
 
     def _all_dropped_message(self, origin: Origin) -> str:

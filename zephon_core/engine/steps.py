@@ -55,6 +55,19 @@ class Drained:
     rows: list[Row]
     lanes: list[int]
     drops: list[tuple[Origin, str]]
+    #: the lane of each drop, and its detail (`zephon_core.records.drop_detail`; "" if none)
+    drop_lanes: list[int] = field(default_factory=list)
+    drop_details: list[str] = field(default_factory=list)
+
+
+def lane_drops(rows: list[Row], after: Any, details: dict[Origin, str]
+               ) -> list[tuple[tuple[Origin, str], str]]:
+    """A lane's drops no step reported, each with its detail: those `rows` carry (their
+    ``drop_details``), then those decided `after` its last row (`details` from the
+    lane's snapshot)."""
+    out = [(d, row.drop_details[k] if k < len(row.drop_details) else "")
+           for row in rows for k, d in enumerate(row.drops)]
+    return out + [(d, details.get(d[0], "")) for d in after]
 
 
 _pin_warned = False

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core import ConfigError
-from zephon_vl.cli.main import command
+from zephon_vl.cli.main import command, positive_int
 
 #: the vision encoder's cost of one patch, in units of one LLM token (see the module doc)
 PATCH_WEIGHT = 1.0
@@ -71,8 +71,8 @@ def row_cost(row: Any, seq_len: int, vision_ids: np.ndarray,
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="vlm-mix-demo", help="built-in VLM recipe or TOML file")
-    p.add_argument("--lanes", type=int, default=8, help="L")
-    p.add_argument("--dp", type=int, default=8, help="data-parallel ranks D")
+    p.add_argument("--lanes", type=positive_int, default=8, help="L")
+    p.add_argument("--dp", type=positive_int, default=8, help="data-parallel ranks D")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--microbatches", type=int, default=1,
                    help="micro-batches per rank and step (gradient accumulation)")

@@ -22,15 +22,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zephon_core import ElasticRun, StepRecord, batch_digest
-from zephon_vl.cli.main import add_execution_args, command, execution_from, print_digest_table
+from zephon_vl.cli.main import (
+    add_execution_args,
+    command,
+    execution_from,
+    positive_int,
+    print_digest_table,
+)
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-at", type=int, default=None,
                    help="checkpoint after this many steps (default: half of --steps)")
-    p.add_argument("--lanes", type=int, default=8)
-    p.add_argument("--dp", type=int, default=2, help="ranks of the uninterrupted run")
+    p.add_argument("--lanes", type=positive_int, default=8)
+    p.add_argument("--dp", type=positive_int, default=2, help="ranks of the uninterrupted run")
     p.add_argument("--resume-dp", default="1,4,8", help="rank counts to resume on")
     p.add_argument("--samples", type=int, default=2000, help="size of the demo data set")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")

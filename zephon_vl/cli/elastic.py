@@ -17,13 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zephon_vl.cli.main import command, print_digest_table
+from zephon_vl.cli.main import command, positive_int, print_digest_table
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="text-demo")
-    p.add_argument("--lanes", type=int, default=None, help="default: 64, or 8 with --torchrun")
-    p.add_argument("--save-dp", type=int, default=None, help="default: 16, or 4 with --torchrun")
+    p.add_argument("--lanes", type=positive_int, default=None,
+                   help="default: 64, or 8 with --torchrun")
+    p.add_argument("--save-dp", type=positive_int, default=None,
+                   help="default: 16, or 4 with --torchrun")
     p.add_argument("--resume-dp", default=None, help="default: 8,32,64, or 2,8 with --torchrun")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--save-at", type=int, default=3)

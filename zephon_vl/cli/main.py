@@ -76,6 +76,22 @@ def execution_from(args: argparse.Namespace) -> Execution:
     return Execution.from_flat(flat)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a lane or rank count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1 (rank counts)."""
+    return [positive_int(x) for x in text.split(",") if x.strip()] or [positive_int(text)]
+
+
 def recipe_factory(args: argparse.Namespace) -> Callable:
     from zephon_core import load_recipe
 
@@ -84,17 +100,18 @@ def recipe_factory(args: argparse.Namespace) -> Callable:
 
 def _digest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="text-demo", help="built-in name or TOML file")
-    p.add_argument("--lanes", type=int, default=None, help="L (default: the recipe's)")
-    p.add_argument("--dp", type=int, default=1, help="simulated data-parallel ranks D")
+    p.add_argument("--lanes", type=positive_int, default=None,
+                   help="L (default: the recipe's)")
+    p.add_argument("--dp", type=positive_int, default=1, help="simulated data-parallel ranks D")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-at", type=int, default=None, help="checkpoint after this many steps")
-    p.add_argument("--resume-dp", default=None,
+    p.add_argument("--resume-dp", type=positive_ints, default=None,
                    help="restore the checkpoint on these rank counts (comma-separated)")
     p.add_argument("--state-out", default=None, help="also write the checkpoint JSON here")
     p.add_argument("--resume-global-batch-size", type=int, default=None, metavar="G",
                    help="the resumes take G rows per step from --save-at on (a multiple of "
                         "L): same lane rows, other step boundaries (docs/elastic-changes.md)")
-    p.add_argument("--resume-lanes", type=int, default=None, metavar="L2",
+    p.add_argument("--resume-lanes", type=positive_int, default=None, metavar="L2",
                    help="the resumes run the recipe with L2 lanes: the checkpoint's remaining "
                         "work is re-dealt to them (docs/elastic-changes.md)")
     p.add_argument("--explain", action="store_true", help="print the plan to stderr first")
@@ -113,7 +130,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
     if args.explain:
         with Loader(make(), 0, args.dp, ex) as probe:
             print(probe.explain(), file=sys.stderr)
-    resume = [int(x) for x in args.resume_dp.split(",")] if args.resume_dp else None
+    resume = args.resume_dp
 
     def keep_state(state: str) -> None:
         if args.state_out:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 
-from zephon_vl.cli.main import add_execution_args, command, execution_from
+from zephon_vl.cli.main import add_execution_args, command, execution_from, positive_int
 
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("state", help="a state JSON file or a TorchTitan DCP checkpoint folder")
     p.add_argument("--steps", type=int, required=True, help="steps to recompute")
-    p.add_argument("--dp", type=int, default=1, help="simulated ranks (must divide L)")
+    p.add_argument("--dp", type=positive_int, default=1, help="simulated ranks (must divide L)")
     p.add_argument("--recipe", default=None,
                    help="built-in name or TOML file (default: the name in the checkpoint)")
     p.add_argument("--ledger", default=None, metavar="OUT", help="write the replayed ledger")

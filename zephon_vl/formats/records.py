@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,14 +29,27 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import ConfigError, ZephonError, atomic_write, open_shard, stat_shard
+from zephon_core import (
+    BadSampleError,
+    ConfigError,
+    ZephonError,
+    atomic_write,
+    open_shard,
+    stat_shard,
+)
 from zephon_core import cache_dir as default_cache_dir
 from zephon_core.extend import (
+    CORRUPT_ROW_GROUP,
     StoredFileIO,
     base_name,
+    corrupt_group_detail,
+    is_parquet_damage,
     is_remote,
     loads_sample,
     local_path,
+    open_parquet,
+    parquet_layout,
+    read_checked_group,
     read_whole,
 )
 
@@ -45,6 +59,8 @@ OFFSETS_SUFFIX = ".zoffsets.json"
 OFFSETS_VERSION = 1
 #: decoded Parquet row groups a reader keeps per process (a group is read whole)
 ROW_GROUP_CACHE = 2
+#: records of a JSON file read, at most, to find one that parses for the format check
+FIRST_RECORDS = 16
 
 
 def container_of(location: str) -> str:
@@ -57,9 +73,36 @@ def container_of(location: str) -> str:
     return kinds[suffix]
 
 
+#: a JSON string (escapes included) or a bracket: what `_value_end` steps through
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_CLOSING = {"[": "]", "{": "}"}
+
+
+def _value_end(text: str, pos: int, where: str) -> int:
+    """Where the JSON list or object starting at `pos` ends, found by matching brackets
+    outside strings, without recursion: `json`'s decoder recurses once per level, so a
+    record nested past the interpreter's stack raises `RecursionError` there (at a depth
+    that depends on the caller's stack). Its syntax is checked when it is read, where it
+    is a ``bad_json`` drop (`loads_sample` refuses more than 100 levels)."""
+    stack: list[str] = []
+    for m in _JSON_TOKEN.finditer(text, pos):
+        token = m.group()
+        if token in _CLOSING:
+            stack.append(_CLOSING[token])
+        elif token[0] != '"':
+            if not stack or stack.pop() != token:
+                raise ConfigError(f"{where}: not a valid JSON list (unmatched {token!r} at "
+                                  f"character {m.start()})")
+            if not stack:
+                return m.end()
+    raise ConfigError(f"{where}: not a valid JSON list (the record at character {pos} is "
+                      "never closed)")
+
+
 def json_offsets(data: bytes, where: str) -> np.ndarray:
     """``[2, n]`` int64: byte start and length of each record of a JSON list, or of each
-    non-empty line when the file is JSON Lines (its first non-blank byte is not ``[``)."""
+    non-empty line when the file is JSON Lines (its first non-blank byte is not ``[``).
+    A record nested too deeply to decode is stepped over (`_value_end`), not refused."""
     head = data.lstrip()[:1]
     if head != b"[":
         ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
@@ -90,6 +133,8 @@ def json_offsets(data: bytes, where: str) -> np.ndarray:
     while True:
         try:
             _, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            end = _value_end(text, pos, where)
         except ValueError as exc:
             raise ConfigError(f"{where}: not a valid JSON list ({exc})") from None
         if ascii_only:
@@ -238,10 +283,8 @@ class RecordFiles:
             raise ConfigError(f"{f} does not exist; check the dataset's files")
         self.bytes.append(stat_shard(f).size)
         if self.kinds[s] == "parquet":
-            meta = self._parquet(s).metadata
-            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            rows, self.columns[s] = parquet_layout(self._parquet(s), f, self.bytes[s])
             self.group_starts[s] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-            self.columns[s] = list(self._parquet(s).schema_arrow.names)
             self.sizes.append(int(self.group_starts[s][-1]))
         else:
             self.offsets[s] = load_json_offsets(f, index_cache)
@@ -298,6 +341,8 @@ class RecordFiles:
         self._handles: dict[int, Any] = {}
         self._pq: dict[int, Any] = {}
         self._groups: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        #: row groups found damaged, with what their drops say (every row asks again)
+        self._corrupt: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
         self._remote_lock = threading.Lock()
         self._pid = os.getpid()
@@ -309,7 +354,8 @@ class RecordFiles:
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_handles", "_pq", "_groups", "_lock", "_remote_lock", "_pid")}
+                if k not in ("_handles", "_pq", "_groups", "_corrupt", "_lock", "_remote_lock",
+                             "_pid")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -325,15 +371,24 @@ class RecordFiles:
 
     def keys_of_first(self, s: int) -> list[str]:
         """The keys of file `s`' records as the file declares them: Parquet columns, or the
-        first record's keys (for errors that say what a file holds)."""
+        keys of its first record that parses (for errors that say what a file holds). A
+        damaged first record is a drop like any other, so the next ones speak for the
+        file; when none of the first `FIRST_RECORDS` parses, the first one's error."""
         if self.kinds[s] == "parquet":
             return self.columns[s]
         if self.entries is not None:
             return list(self.entries[s].keys)
-        if not self.sizes[s]:
-            return []
-        rec = self.read(s, 0)
-        return sorted(rec) if isinstance(rec, dict) else [f"<a {type(rec).__name__}>"]
+        first: BadSampleError | None = None
+        for i in range(min(self.sizes[s], FIRST_RECORDS)):
+            try:
+                rec = self.read(s, i)
+            except BadSampleError as exc:
+                first = first or exc
+                continue
+            return sorted(rec) if isinstance(rec, dict) else [f"<a {type(rec).__name__}>"]
+        if first is not None:
+            raise first
+        return []
 
     def _handle(self, s: int) -> Any:
         self._check_process()
@@ -352,7 +407,6 @@ class RecordFiles:
     def _parquet(self, s: int) -> Any:
         try:
             import pyarrow as pa
-            import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError("reading Parquet needs pyarrow: pip install "
                               "'zephon-vl[parquet]'") from None
@@ -370,7 +424,7 @@ class RecordFiles:
                         st = stat_shard(f)
                         self._check_entry(s, st.size, st.identity)
                     source = str(local_path(f))
-                found = self._pq[s] = pq.ParquetFile(source)
+                found = self._pq[s] = open_parquet(source, f)
         return found
 
     def parquet_file(self, s: int) -> Any:
@@ -390,7 +444,7 @@ class RecordFiles:
         if column not in self.columns[s]:
             return {}
         g = self._group_of(s, i)
-        table = self._parquet(s).read_row_group(g, columns=[column])
+        table = self._decode_group(s, g, i, [column])
         return table.slice(i - int(self.group_starts[s][g]), 1).to_pylist()[0]
 
     def read_many(self, pointers: list[tuple[int, int]]) -> list[Any]:
@@ -406,7 +460,8 @@ class RecordFiles:
             else:
                 out[j] = self.read(s, i)
         for (s, g), wanted in sorted(rows.items()):
-            table = self._row_group(s, g).take([r for _, r in wanted])
+            table = self._row_group(s, g, int(self.group_starts[s][g]) + wanted[0][1]).take(
+                [r for _, r in wanted])
             for (j, _), record in zip(wanted, table.to_pylist(), strict=True):
                 out[j] = record
         return out
@@ -416,24 +471,44 @@ class RecordFiles:
 
     def _row(self, s: int, i: int) -> dict:
         g = self._group_of(s, i)
-        table = self._row_group(s, g)
+        table = self._row_group(s, g, i)
         return table.slice(i - int(self.group_starts[s][g]), 1).to_pylist()[0]
 
-    def _row_group(self, s: int, g: int) -> Any:
-        """Row group `g` of file `s`, from the bounded cache or read (and cached)."""
-        pf = self._parquet(s)
+    def _row_group(self, s: int, g: int, i: int) -> Any:
+        """Row group `g` of file `s`, from the bounded cache or read (and cached); `i` is
+        the row asked for, which a `corrupt_row_group` error names."""
         with self._lock:
             table = self._groups.get((s, g))
             if table is not None:
                 self._groups.move_to_end((s, g))
         if table is None:
-            if is_remote(self.files[s]):  # one file object, one position: one read at a time
-                with self._remote_lock:
-                    table = pf.read_row_group(g)
-            else:
-                table = pf.read_row_group(g)
+            table = self._decode_group(s, g, i)
             with self._lock:
                 self._groups[(s, g)] = table
                 while len(self._groups) > self.row_group_cache:
                     self._groups.popitem(last=False)
         return table
+
+    def _decode_group(self, s: int, g: int, i: int, columns: list[str] | None = None) -> Any:
+        """Row group `g` of file `s` decoded and checked (`validate(full=True)`: offsets,
+        UTF-8). Bytes that do not decode are damage of that group alone: row `i` is a
+        ``corrupt_row_group`` bad sample, so under ``on_error="drop"`` each of the group's
+        rows is dropped (the same rows at every D: the decision is the file's bytes'), and
+        under ``"raise"`` the run stops naming the file and the group. I/O errors pass."""
+        known = self._corrupt.get((s, g))
+        if known is None:
+            pf = self._parquet(s)
+            try:
+                if is_remote(self.files[s]):  # one file object, one position: one at a time
+                    with self._remote_lock:
+                        return read_checked_group(pf, g, columns)
+                return read_checked_group(pf, g, columns)
+            except Exception as exc:
+                if not is_parquet_damage(exc):
+                    raise
+                a, b = (int(v) for v in self.group_starts[s][g:g + 2])
+                known = corrupt_group_detail(base_name(self.files[s]), g, a, b, exc)
+                with self._lock:
+                    self._corrupt[(s, g)] = known
+        raise BadSampleError(CORRUPT_ROW_GROUP, f"{base_name(self.files[s])}:{i}", known)
+
