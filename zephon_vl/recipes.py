@@ -38,10 +38,16 @@ from zephon_core import (
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
+)
+from zephon_core.extend import (
+    PACK_MODES,
+    dataset_format,
+    dataset_reader,
+    moved_keywords,
     setting,
+    settings_from_table,
     settings_groups,
 )
-from zephon_core.extend import PACK_MODES, dataset_format, dataset_reader, settings_from_table
 from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
@@ -76,6 +82,12 @@ class VisionPackSettings(PackSettings):
         "none: the family's default); a dataset's own image_every_row overrides it")
 
 
+#: `vlm_recipe`'s packing keywords before 0.4, now `pack`'s fields (VisionPackSettings)
+PACK_KEYWORDS = {k: f"pack.{k}" for k in ("pack_mode", "max_open_bins", "overlong",
+                                          "max_vision_tokens", "max_images", "image_every_row")}
+
+
+@moved_keywords("vlm_recipe", "0.4.0", PACK_KEYWORDS)
 @settings_groups(pack=VisionPackSettings)
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                tokenizer: str | os.PathLike | None, *, seq_len: int = 2048,

@@ -28,8 +28,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_core import BadSampleError, ConfigError, DatasetSpec, known_formats
-from zephon_core.extend import ROLES, base_name, is_remote, option_path, read_whole
+from zephon_core import BadSampleError, ConfigError, DatasetSpec
+from zephon_core.extend import ROLES, base_name, is_remote, known_formats, option_path, read_whole
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
 
 #: placeholders a text may carry for the next image or video of its record

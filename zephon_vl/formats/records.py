@@ -28,16 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import ConfigError, ZephonError, atomic_write, open_shard, stat_shard
-from zephon_core import cache_dir as default_cache_dir
+from zephon_core import ConfigError, ZephonError
 from zephon_core.extend import (
     StoredFileIO,
+    atomic_write,
     base_name,
     is_remote,
     loads_sample,
     local_path,
+    open_shard,
     read_whole,
+    stat_shard,
 )
+from zephon_core.extend import cache_dir as default_cache_dir
 
 log = logging.getLogger(__name__)
 
