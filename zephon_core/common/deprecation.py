@@ -180,39 +180,41 @@ def _move(kwargs: dict[str, Any], old: str, new: str, function: str) -> None:
 # -- recipe-file keys ------------------------------------------------------------------
 
 
-def renamed_key(old: str, new: str, since: str) -> tuple[str, Deprecation]:
-    """Declare a renamed recipe-file key for `renamed_keys`: `old` is ``"key"`` (top level)
-    or ``"table.key"`` (a key of the ``[table]`` table, or of every ``[[table]]`` entry);
-    `new` is the key's new name in the same place."""
-    return old, deprecation(f"the recipe-file key {old!r}", repr(new), since)
+def renamed_key(old: str, new: str, since: str) -> tuple[str, tuple[str, Deprecation]]:
+    """Declare a renamed recipe-file key, an item of the table `renamed_keys` takes: `old`
+    is ``"key"`` (top level) or ``"table.key"`` (a key of the ``[table]`` table, or of every
+    ``[[table]]`` entry); `new` is the key's new name in the same place."""
+    table, _, key = old.rpartition(".")
+    where = f" in [{table}]" if table else ""
+    return old, (new, deprecation(f"the recipe-file key {key!r}{where}", repr(new), since))
 
 
-def renamed_keys(table: Mapping[str, Any], renames: Mapping[str, Deprecation],
+def renamed_keys(table: Mapping[str, Any], renames: Mapping[str, tuple[str, Deprecation]],
                  where: str) -> dict[str, Any]:
     """A recipe file's `table` with each renamed key (`renamed_key`) under its new name,
     warning with the file's name (`where`); a key given under both names is refused."""
     out = dict(table)
-    for path, record in renames.items():
+    for path, (new, record) in renames.items():
         section, _, key = path.rpartition(".")
         if not section:
-            _rename(out, key, record, where)
+            _rename(out, key, new, record, where)
             continue
         inner = out.get(section)
         if isinstance(inner, Mapping):
             out[section] = dict(inner)
-            _rename(out[section], key, record, where)
+            _rename(out[section], key, new, record, where)
         elif isinstance(inner, list):
             out[section] = [dict(t) if isinstance(t, Mapping) else t for t in inner]
             for t in out[section]:
                 if isinstance(t, dict):
-                    _rename(t, key, record, where)
+                    _rename(t, key, new, record, where)
     return out
 
 
-def _rename(table: dict[str, Any], old: str, record: Deprecation, where: str) -> None:
+def _rename(table: dict[str, Any], old: str, new: str, record: Deprecation,
+            where: str) -> None:
     if old not in table:
         return
-    new = record.new.strip("'")
     if new in table:
         raise ConfigError(f"{where}: {old!r} is the old name of {new!r} and both are given; "
                           f"keep {new!r}")

@@ -92,7 +92,7 @@ _FILE_KEYS = ("kind", "tokenizer", "datasets", "mix_by")
 #: renamed recipe-file keys, ``dict([renamed_key("old" or "table.old", "new", since), ...])``
 #: (`zephon_core.common.deprecation`): each still read, with a DeprecationWarning naming the
 #: file, until one minor version after `since` (docs/api.md); none so far
-RENAMED_KEYS: dict[str, Deprecation] = {}
+RENAMED_KEYS: dict[str, tuple[str, Deprecation]] = {}
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
