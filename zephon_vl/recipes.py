@@ -56,8 +56,12 @@ from zephon_vl.ops.collate import VLCollate
 from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
-#: one dataset: a list of files, one manifest path, a `DatasetSpec`, or its fields as a
-#: mapping (``{"files": [...], "format": "llava", "image_folder": "..."}``)
+#: one dataset: a list of files (their suffix picks the format: ``.tar`` WebDataset shards,
+#: ``.jsonl``/``.parquet`` text), one manifest (a path or URL ending in ``.json``, written by
+#: ``zephon-vl index``: building the recipe then reads that one file and no shard), a
+#: `DatasetSpec` that names its ``format`` (``llava``, ``parquet``, ``messages``,
+#: ``obelics``...; docs/data-formats.md), or its fields as a mapping
+#: (``{"files": [...], "format": "llava", "image_folder": "..."}``)
 DatasetArg = Sequence[str | os.PathLike] | str | DatasetSpec | Mapping[str, Any]
 
 
@@ -106,12 +110,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
-    A dataset is a list of files (their suffix picks the format: ``.tar``
-    WebDataset shards, ``.jsonl``/``.parquet`` text), one manifest (a path or
-    URL ending in ``.json``, written by ``zephon-vl index``: then building the
-    recipe reads that one file, and no shard), or a `DatasetSpec` (or its
-    fields as a mapping) that names its ``format`` (``llava``, ``parquet``,
-    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are
+    `shards`: one dataset or ``{name: dataset}`` (`DatasetArg`). How reads from URLs are
     retried is an execution setting (`Execution.retry`): it never changes a batch.
 
     `on_error` is the bad-input policy (drop or raise). `image`, `video`, `pack`, `shuffle`

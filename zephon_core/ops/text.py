@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core.common.deprecation import moved_keywords
 from zephon_core.common.system import release_free_heap
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.ops.chat import ChatFraming, chat_pieces, chatml_turn, record_turns
@@ -137,6 +138,7 @@ class FastTokenizer:
         found = self._tok.token_to_id(token)
         return self.unk_token_id if found is None else found
 
+    @moved_keywords("FastTokenizer.__call__", "0.4.0", {"texts": "text"})
     def __call__(self, text: str | list[str], add_special_tokens: bool = True,
                  return_attention_mask: bool | None = None) -> dict[str, Any]:
         """``{"input_ids": ..., "attention_mask": ...}`` for a text (lists of ints) or a
