@@ -122,7 +122,7 @@ def _kind(cls: type) -> str:
 def _fields(name: str, cls: type) -> Iterator[str]:
     """A dataclass's or named tuple's fields: ``name.field: type = default``."""
     if dataclasses.is_dataclass(cls):
-        declared = {a for k in cls.__mro__ if _ours(k) for a in vars(k).get("__annotations__", {})}
+        declared = _declared(cls)
         for f in dataclasses.fields(cls):
             if f.name not in declared:
                 continue  # a field of a base class that is not zephon's (torchtitan's)
@@ -199,11 +199,22 @@ def describe(name: str, obj: Any) -> Iterator[str]:
 
 
 def _parameter_names(cls: type) -> str:
-    """A dataclass constructor's parameters, names only, in order, with ``*`` and ``/``."""
+    """A dataclass constructor's parameters, names only, in order, with ``*`` and ``/``;
+    those a base class from another package declares (TorchTitan's) are one ``...``, so
+    an upgrade of that package does not change zephon's snapshot."""
     sig = inspect.signature(cls)
-    return str(sig.replace(parameters=[p.replace(annotation=p.empty, default=p.empty)
-                                       for p in sig.parameters.values()],
-                           return_annotation=sig.empty))[1:-1]
+    declared = _declared(cls)
+    params = [p.replace(annotation=p.empty, default=p.empty)
+              for p in sig.parameters.values() if p.name in declared]
+    text = str(sig.replace(parameters=params, return_annotation=sig.empty))[1:-1]
+    if len(params) == len(sig.parameters):
+        return text
+    return f"{text}, ..." if text else "..."
+
+
+def _declared(cls: type) -> set[str]:
+    """The annotated names of `cls`'s own classes (zephon's) in its MRO."""
+    return {a for k in cls.__mro__ if _ours(k) for a in vars(k).get("__annotations__", {})}
 
 
 def _aliasable(obj: Any) -> bool:

@@ -141,7 +141,6 @@ def moved_keywords(function: str, since: str, moves: Mapping[str, str]) -> Calla
                 _move(kwargs, old, moves[old], function)
             return fn(*args, **kwargs)
 
-        wrapper.__zephon_moved_keywords__ = dict(moves)  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
