@@ -18,25 +18,22 @@ its removal version and the snapshot can list them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
-import inspect
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from zephon_core.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True)
-class Deprecation:
+class Deprecation(NamedTuple):
     """One deprecated spelling: `old` as a user writes it, `new` its replacement, the
     version that deprecated it (`since`, ``"0.4.0"``); it goes in `removed_in`, the next
-    minor version."""
+    minor version. (Named tuples, not dataclasses, here: ``import zephon_core`` declares
+    deprecations, and stays a millisecond.)"""
 
     old: str
     new: str
@@ -77,8 +74,7 @@ def deprecation(old: str, new: str, since: str) -> Deprecation:
 # -- names ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MovedName:
+class MovedName(NamedTuple):
     """A public name that left `package`: its object is now ``new`` (a dotted path)."""
 
     name: str
@@ -104,6 +100,8 @@ def user_stacklevel() -> int:
     ``__getattr__`` through them). A recipe file is read several calls deep, and the
     warning belongs to the user's line. Pass ``user_stacklevel() + 1`` to
     `Deprecation.warn` or `warnings.warn`."""
+    import inspect  # only when a deprecated spelling is used
+
     here = inspect.currentframe()
     frame = here.f_back.f_back if here and here.f_back else None  # the asker's caller
     level = 1
@@ -169,7 +167,9 @@ def _move(kwargs: dict[str, Any], old: str, new: str, function: str) -> None:
             raise TypeError(f"{function}() got {old}= and {group}[{field!r}]; give it once, "
                             f"in {group}")
         kwargs[group] = {**given, field: value}
-    elif dataclasses.is_dataclass(given):
+    elif hasattr(given, "__dataclass_fields__"):  # a settings object
+        import dataclasses
+
         kwargs[group] = dataclasses.replace(given, **{field: value})
     else:
         raise TypeError(f"{function}() got {old}= and {group}={given!r}; give {field} in "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +46,8 @@ def _probed_by_import() -> bool:
     """Whether the caller's caller is the import system checking that ``from package import
     name`` can find `name` (the statement then asks for it once more, and that warns): one
     warning per import line, not two."""
+    import inspect  # only when a moved name is asked for
+
     frame = inspect.currentframe()
     caller = frame.f_back.f_back if frame and frame.f_back else None
     return caller is not None and caller.f_code.co_name == "_handle_fromlist" and \

@@ -110,17 +110,33 @@ class FastTokenizer:
     def bos_token_id(self) -> int | None:
         return self._special["bos"]
 
+    @bos_token_id.setter
+    def bos_token_id(self, value: int | None) -> None:
+        self._special["bos"] = value
+
     @property
     def eos_token_id(self) -> int | None:
         return self._special["eos"]
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self._special["eos"] = value
 
     @property
     def pad_token_id(self) -> int | None:
         return self._special["pad"]
 
+    @pad_token_id.setter
+    def pad_token_id(self, value: int | None) -> None:
+        self._special["pad"] = value
+
     @property
     def unk_token_id(self) -> int | None:
         return self._special["unk"]
+
+    @unk_token_id.setter
+    def unk_token_id(self, value: int | None) -> None:
+        self._special["unk"] = value
 
     def __len__(self) -> int:
         """The vocabulary with the added tokens, as ``len()`` of a transformers tokenizer."""
