@@ -41,7 +41,8 @@ import numpy as np
 from zephon_bench.loaders import LastStageWatch, Trace, now, run_shares, zephon_execution
 from zephon_bench.workload import Work, WorkSpec, sample_checksum
 
-from zephon_core import Dropped, Origin, Pointer, Row, StageKind
+from zephon_core import Dropped, Origin, Pointer
+from zephon_core.extend import Row, StageKind
 
 SIDE_KEYS = ("bench_samples", "bench_dropped")
 

@@ -30,7 +30,8 @@ from zephon_bench.e2e import _finish, _side, collate_rows, deliver
 from zephon_bench.loaders import Trace
 from zephon_bench.workload import Work, WorkSpec
 
-from zephon_core import Dropped, Origin, Pointer, Row
+from zephon_core import Dropped, Origin, Pointer
+from zephon_core.extend import Row
 
 #: Energon's packing buffer: documents the packer sees at once (its open bins are flushed
 #: at the end of each buffer, so a larger one fills rows better)

@@ -55,7 +55,8 @@ def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
     from zephon_bench.loaders import zephon_execution
     from zephon_bench.workload import WorkSpec
 
-    from zephon_core import Loader, StageEvent, StageKind
+    from zephon_core import Loader, StageEvent
+    from zephon_core.extend import StageKind
 
     spec = WorkSpec.from_json(spec_json)
     recipe = spec.recipe()

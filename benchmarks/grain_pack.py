@@ -12,7 +12,7 @@ import grain
 from zephon_bench.e2e import packed_rows
 from zephon_bench.workload import Work
 
-from zephon_core import Row
+from zephon_core.extend import Row
 
 
 def _items(it: Any) -> Iterator[Any]:

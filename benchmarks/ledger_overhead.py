@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from zephon_core import ElasticRun, Execution, sample_digest
-from zephon_core.extend import lane_entries, reader_keys, step_entry
+from zephon_core import ElasticRun, Execution
+from zephon_core.extend import lane_entries, reader_keys, sample_digest, step_entry
 
 
 def _make(lanes: int):

@@ -32,7 +32,7 @@ from typing import Any
 
 from zephon_bench.portable import portable
 
-from zephon_core import atomic_write, usable_cores
+from zephon_core.extend import atomic_write, usable_cores
 
 METRICS = ("samples_per_s", "tokens_per_s", "images_per_s", "ttfb_s", "cpu_s_per_sample",
            "cores_used", "main_cpu_s_per_sample", "peak_rss_mb", "peak_shm_mb", "peak_mem_mb",

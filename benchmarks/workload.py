@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import CombinerOp, Dropped, Element, Origin, Pointer, Row, StageFn, Transform
+from zephon_core import Dropped, Element, Origin, Pointer, Transform
+from zephon_core.extend import CombinerOp, Row, StageFn
 
 
 @dataclass(frozen=True)

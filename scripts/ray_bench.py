@@ -87,8 +87,8 @@ def identity(payload: object) -> object:
 
 def overhead(kind: str, cluster: LocalRayCluster, workers: int, groups: int) -> dict:
     """Per-sample cost of a runner on a stage that does nothing: wall and CPU."""
-    from zephon_core import Element, Map, Origin, StageFn
-    from zephon_core.extend import make_runner
+    from zephon_core import Element, Map, Origin
+    from zephon_core.extend import StageFn, make_runner
 
     fn = StageFn([Map(identity, name="identity")])
     runner = make_runner(kind, fn, workers, "spawn", "identity", None, None,

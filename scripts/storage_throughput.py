@@ -19,14 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from zephon_core import (
-    Coalesce,
-    Execution,
-    Loader,
-    RetryPolicy,
-    qwen_tokenizer_dir,
-    storage_settings,
-)
+from zephon_core import Coalesce, Execution, Loader, RetryPolicy, qwen_tokenizer_dir
+from zephon_core.extend import storage_settings
 from zephon_vl import WebDatasetReader, build_demo_dataset
 from zephon_vl.recipes import vlm_recipe
 from zephon_vl.testing.storage_servers import s3_server

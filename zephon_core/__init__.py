@@ -1,138 +1,115 @@
 """zephon_core: the modality-free engine of zephon-vl, and its text-only Python API.
 
-Everything a user, a benchmark or an adapter needs is importable from here
-(``from zephon_core import Loader, Recipe, Execution``). Names resolve lazily,
-so importing the package is cheap and worker processes load only the modules
-their operators need. The submodules are the layers (see docs/architecture.md):
-``common`` -> ``data`` -> ``ops`` -> ``engine`` -> ``recipes``.
+What a user of text data imports is here (``from zephon_core import text_loader, Loader,
+Execution``); `zephon_vl` re-exports all of it beside the vision names, so a VLM user
+imports from `zephon_vl` alone. What authors of formats, operators, model families and
+trainer adapters need beyond it is `zephon_core.extend` (docs/api.md says which is which
+and why). Names resolve lazily, so importing the package is cheap and worker processes
+load only the modules their operators need. The submodules are the layers (see
+docs/architecture.md): ``common`` -> ``data`` -> ``ops`` -> ``engine`` -> ``recipes``.
 """
 
 from __future__ import annotations
 
+from zephon_core.common.deprecation import moved_names
 from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    # errors and records
+    # errors a user catches
     "BadSampleError": "zephon_core.errors",
     "CheckpointError": "zephon_core.errors",
     "ConfigError": "zephon_core.errors",
     "UnknownKeyError": "zephon_core.errors",
     "NoRowsError": "zephon_core.errors",
     "ZephonError": "zephon_core.errors",
+    "StorageError": "zephon_core.data.remote",
+    "LedgerError": "zephon_core.engine.ledger",
+    # what a user's Map, Filter or Transform sees and returns
     "Dropped": "zephon_core.records",
     "Element": "zephon_core.records",
     "Origin": "zephon_core.records",
     "Pointer": "zephon_core.records",
-    # common
-    "batch_digest": "zephon_core.common.digest",
-    "atomic_write": "zephon_core.common.files",
-    "cache_dir": "zephon_core.common.files",
-    "usable_cores": "zephon_core.common.system",
-    "FlatSetting": "zephon_core.common.settings",
-    "flat_settings": "zephon_core.common.settings",
-    "setting": "zephon_core.common.settings",
-    "check_choices": "zephon_core.common.settings",
-    "settings_table": "zephon_core.common.settings",
-    # data
+    # recipes
+    "Recipe": "zephon_core.spec",
+    "TextCollate": "zephon_core.spec",
+    "text_recipe": "zephon_core.recipes.text",
+    "text_loader": "zephon_core.recipes.text",
+    "text_demo": "zephon_core.recipes.text",
+    "builtin_names": "zephon_core.recipes.registry",
+    "load_recipe": "zephon_core.recipes.registry",
+    "recipe_from_toml": "zephon_core.recipes.registry",
+    "register_kind": "zephon_core.recipes.registry",
+    "register_recipe": "zephon_core.recipes.registry",
+    "qwen_tokenizer_dir": "zephon_core.recipes.assets",
+    "text_corpus": "zephon_core.recipes.assets",
+    "load_tokenizer": "zephon_core.ops.text",
+    "FastTokenizer": "zephon_core.ops.text",
+    # datasets
     "Dataset": "zephon_core.data.sources",
-    "ShuffleSettings": "zephon_core.data.sources",
     "DatasetSpec": "zephon_core.data.formats",
-    "data_format": "zephon_core.data.formats",
-    "known_formats": "zephon_core.data.formats",
-    "register_format": "zephon_core.data.formats",
     "Phase": "zephon_core.data.sources",
     "InMemoryReader": "zephon_core.data.readers",
     "JsonlReader": "zephon_core.data.readers",
-    "open_shard": "zephon_core.data.storage",
-    "stat_shard": "zephon_core.data.storage",
-    "StoredFile": "zephon_core.data.storage",
+    "ParquetReader": "zephon_core.data.readers",
+    # settings
+    "Execution": "zephon_core.engine.execution",
+    "RunnerKind": "zephon_core.engine.kinds",
     "RetryPolicy": "zephon_core.data.storage",
     "Coalesce": "zephon_core.data.storage",
-    "StorageSettings": "zephon_core.data.storage",
-    "storage_settings": "zephon_core.data.storage",
-    "StorageError": "zephon_core.data.remote",
-    "ParquetReader": "zephon_core.data.readers",
-    "ShardReader": "zephon_core.data.readers",
-    "ReadsMany": "zephon_core.data.readers",
-    "KnowsShardLengths": "zephon_core.data.readers",
-    "NamesSamples": "zephon_core.data.readers",
-    "Read": "zephon_core.ops.read",
-    "StageKind": "zephon_core.engine.kinds",
-    "RunnerKind": "zephon_core.engine.kinds",
-    # operators
-    "ChatFraming": "zephon_core.ops.chat",
-    "Accumulator": "zephon_core.ops.contract",
-    "AccumulatorOp": "zephon_core.ops.contract",
-    "Filter": "zephon_core.ops.contract",
-    "Map": "zephon_core.ops.contract",
-    "Combiner": "zephon_core.ops.contract",
-    "CombinerOp": "zephon_core.ops.contract",
-    "Operator": "zephon_core.ops.contract",
-    "StageFn": "zephon_core.ops.contract",
-    "StatefulOp": "zephon_core.ops.contract",
-    "Transform": "zephon_core.ops.contract",
-    "IGNORE_INDEX": "zephon_core.ops.pack",
-    "Pack": "zephon_core.ops.pack",
+    "ShuffleSettings": "zephon_core.data.sources",
     "PackSettings": "zephon_core.ops.pack",
-    "BalancedPack": "zephon_core.ops.balanced",
     "BalanceSettings": "zephon_core.ops.balanced",
-    "RowFiller": "zephon_core.ops.pack",
-    "Row": "zephon_core.ops.contract",
-    "Segment": "zephon_core.ops.contract",
+    "ChatFraming": "zephon_core.ops.chat",
+    # operators a recipe lists
+    "Transform": "zephon_core.ops.contract",
+    "Map": "zephon_core.ops.contract",
+    "Filter": "zephon_core.ops.contract",
+    "Read": "zephon_core.ops.read",
     "Shuffle": "zephon_core.ops.shuffle",
-    "MinTokens": "zephon_core.ops.text",
     "Tokenize": "zephon_core.ops.text",
-    "load_tokenizer": "zephon_core.ops.text",
-    # engine
-    "Execution": "zephon_core.engine.execution",
-    "parse_workers": "zephon_core.engine.execution",
-    "parse_runners": "zephon_core.engine.execution",
-    "parse_resources": "zephon_core.engine.execution",
+    "MinTokens": "zephon_core.ops.text",
+    "Pack": "zephon_core.ops.pack",
+    "BalancedPack": "zephon_core.ops.balanced",
+    "IGNORE_INDEX": "zephon_core.ops.pack",
+    # the loader, what it reports, its checkpoints
+    "Loader": "zephon_core.engine.loader",
+    "StepMeta": "zephon_core.engine.steps",
     "Drained": "zephon_core.engine.steps",
-    "StageEvent": "zephon_core.engine.observe",
-    "StageStats": "zephon_core.engine.observe",
     "LoaderMetrics": "zephon_core.engine.metrics",
     "StageMetrics": "zephon_core.engine.metrics",
-    "Loader": "zephon_core.engine.loader",
     "LoaderDataset": "zephon_core.engine.torch_dataset",
-    "Probed": "zephon_core.engine.probe",
-    "probe_dataset": "zephon_core.engine.probe",
-    "StepMeta": "zephon_core.engine.steps",
-    "Backlog": "zephon_core.engine.backlog",
+    "StageEvent": "zephon_core.engine.observe",
+    "StageStats": "zephon_core.engine.observe",
     "load_state": "zephon_core.engine.checkpoint",
+    "save_state": "zephon_core.engine.checkpoint",
     "merge_states": "zephon_core.engine.checkpoint",
     "change_lanes": "zephon_core.engine.relane",
-    "save_state": "zephon_core.engine.checkpoint",
-    "SimulatedRanks": "zephon_core.engine.simulate",
+    # checking determinism: digests, simulated and elastic runs, ledgers
+    "batch_digest": "zephon_core.common.digest",
     "run_digests": "zephon_core.engine.simulate",
+    "SimulatedRanks": "zephon_core.engine.simulate",
     "ElasticRun": "zephon_core.engine.simulate",
     "StepRecord": "zephon_core.engine.simulate",
     "gathered_batch_digest": "zephon_core.engine.simulate",
     "resumed_ledger_path": "zephon_core.engine.simulate",
     "Ledger": "zephon_core.engine.ledger",
-    "LedgerError": "zephon_core.engine.ledger",
     "LedgerWriter": "zephon_core.engine.ledger",
     "read_ledger": "zephon_core.engine.ledger",
     "compare_ledgers": "zephon_core.engine.ledger",
-    "sample_digest": "zephon_core.common.digest",
-    # recipes
-    "Recipe": "zephon_core.spec",
-    "TextCollate": "zephon_core.spec",
-    "builtin_names": "zephon_core.recipes.registry",
-    "load_recipe": "zephon_core.recipes.registry",
-    "recipe_from_toml": "zephon_core.recipes.registry",
-    "register_kind": "zephon_core.recipes.registry",
-    "forwards_to": "zephon_core.recipes.registry",
-    "settings_groups": "zephon_core.recipes.registry",
-    "accepted_keys": "zephon_core.recipes.registry",
-    "register_recipe": "zephon_core.recipes.registry",
-    "text_demo": "zephon_core.recipes.text",
-    "text_loader": "zephon_core.recipes.text",
-    "text_recipe": "zephon_core.recipes.text",
-    "qwen_tokenizer_dir": "zephon_core.recipes.assets",
-    "text_corpus": "zephon_core.recipes.assets",
 }
+
+#: names that moved to `zephon_core.extend` in 0.4.0 (building blocks for authors of
+#: formats, operators and adapters): they resolve here, with a DeprecationWarning, until 0.5
+_MOVED = moved_names("zephon_core", {name: f"zephon_core.extend.{name}" for name in (
+    "Accumulator", "AccumulatorOp", "Backlog", "Combiner", "CombinerOp", "FlatSetting",
+    "KnowsShardLengths", "NamesSamples", "Operator", "Probed", "ReadsMany", "Row", "RowFiller",
+    "Segment", "ShardReader", "StageFn", "StageKind", "StatefulOp", "StorageSettings",
+    "StoredFile", "accepted_keys", "atomic_write", "cache_dir", "check_choices", "data_format",
+    "flat_settings", "forwards_to", "known_formats", "open_shard", "parse_resources",
+    "parse_runners", "parse_workers", "probe_dataset", "register_format", "sample_digest",
+    "setting", "settings_groups", "settings_table", "stat_shard", "storage_settings",
+    "usable_cores")}, since="0.4.0")
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports("zephon_core", _EXPORTS, globals())
+__getattr__, __dir__ = lazy_exports("zephon_core", _EXPORTS, globals(), _MOVED)

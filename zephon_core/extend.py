@@ -1,11 +1,14 @@
-"""The extension surface: what `zephon_vl`, adapters and benchmarks may use from the engine
-beyond `zephon_core.__all__`.
+"""The extension surface: what authors of formats, operators, model families and trainer
+adapters (and `zephon_vl`, the benchmarks and the tools) use from the engine beyond
+`zephon_core.__all__`, which is for users.
 
 A format, an operator, a model family or a trainer adapter needs a few of the engine's
-building blocks (how a shard is opened, how a sample's JSON is read, a checkpoint's envelope,
-the operator-name check behind ``--workers``). They are named here, once, so the rest of the
-engine can change behind them; `zephon_vl` imports only ``zephon_core`` and this module
-(checked by ``lint-imports``, see docs/architecture.md). Names resolve lazily, like the
+building blocks (the operator and reader contracts, how a shard is opened, how a sample's
+JSON is read, how settings are declared, a checkpoint's envelope, the operator-name check
+behind ``--workers``). They are named here, once, so the rest of the engine can change
+behind them; `zephon_vl` imports only ``zephon_core`` and this module (checked by
+``lint-imports``, see docs/architecture.md). The API snapshot (docs/api.txt) covers it like
+the user namespaces: a change here is on purpose too. Names resolve lazily, like the
 package's own.
 """
 
@@ -16,6 +19,56 @@ from zephon_core.common.exports import lazy_exports
 _EXPORTS: dict[str, str] = {
     # packaging a package's names
     "lazy_exports": "zephon_core.common.exports",
+    # the operator contracts: per-lane state, rows, a fused stage
+    "Operator": "zephon_core.ops.contract",
+    "StatefulOp": "zephon_core.ops.contract",
+    "Accumulator": "zephon_core.ops.contract",
+    "AccumulatorOp": "zephon_core.ops.contract",
+    "Combiner": "zephon_core.ops.contract",
+    "CombinerOp": "zephon_core.ops.contract",
+    "Row": "zephon_core.ops.contract",
+    "Segment": "zephon_core.ops.contract",
+    "StageFn": "zephon_core.ops.contract",
+    "RowFiller": "zephon_core.ops.pack",
+    # readers and formats
+    "ShardReader": "zephon_core.data.readers",
+    "ReadsMany": "zephon_core.data.readers",
+    "KnowsShardLengths": "zephon_core.data.readers",
+    "NamesSamples": "zephon_core.data.readers",
+    "register_format": "zephon_core.data.formats",
+    "data_format": "zephon_core.data.formats",
+    "known_formats": "zephon_core.data.formats",
+    "open_shard": "zephon_core.data.storage",
+    "stat_shard": "zephon_core.data.storage",
+    "StoredFile": "zephon_core.data.storage",
+    "StorageSettings": "zephon_core.data.storage",
+    "storage_settings": "zephon_core.data.storage",
+    # declaring settings and recipe factories
+    "setting": "zephon_core.common.settings",
+    "FlatSetting": "zephon_core.common.settings",
+    "flat_settings": "zephon_core.common.settings",
+    "check_choices": "zephon_core.common.settings",
+    "settings_table": "zephon_core.common.settings",
+    "forwards_to": "zephon_core.recipes.registry",
+    "settings_groups": "zephon_core.recipes.registry",
+    "accepted_keys": "zephon_core.recipes.registry",
+    "recipe_file_keys": "zephon_core.recipes.registry",
+    "moved_keywords": "zephon_core.common.deprecation",
+    "moved_names": "zephon_core.common.deprecation",
+    "deprecations": "zephon_core.common.deprecation",
+    "Deprecation": "zephon_core.common.deprecation",
+    # the engine's parsers and probes, for the command line and tools
+    "StageKind": "zephon_core.engine.kinds",
+    "parse_workers": "zephon_core.engine.execution",
+    "parse_runners": "zephon_core.engine.execution",
+    "parse_resources": "zephon_core.engine.execution",
+    "Backlog": "zephon_core.engine.backlog",
+    "Probed": "zephon_core.engine.probe",
+    "probe_dataset": "zephon_core.engine.probe",
+    "usable_cores": "zephon_core.common.system",
+    "atomic_write": "zephon_core.common.files",
+    "cache_dir": "zephon_core.common.files",
+    "sample_digest": "zephon_core.common.digest",
     # samples and files
     "loads_sample": "zephon_core.common.jsontext",
     "file_sha256": "zephon_core.common.digest",

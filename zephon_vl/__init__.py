@@ -1,16 +1,18 @@
 """zephon_vl: vision-language data on zephon_core's engine, and its TorchTitan integration.
 
-The public names are importable from here (``from zephon_vl import vlm_recipe,
-ImageSettings``); they resolve lazily, so importing the package does not
-import PIL, av or torch's distributed stack. The layers (see
-docs/architecture.md): ``media`` and ``wds`` -> ``families`` and ``ops`` ->
+The one namespace a user imports from (``from zephon_vl import vlm_recipe, ImageSettings,
+Loader, Execution``): the vision names, and every name of ``zephon_core.__all__``
+(recipes, loaders, settings, checkpoints), re-exported. They resolve lazily, so importing
+the package does not import PIL, av or torch's distributed stack. The TorchTitan adapter
+is ``zephon_vl.titan`` (it needs the ``[titan]`` extra); authors of formats, operators and
+adapters find the engine's building blocks in ``zephon_core.extend`` (docs/api.md). The
+layers (see docs/architecture.md): ``media`` and ``wds`` -> ``families`` and ``ops`` ->
 ``recipes``; ``cli``, ``demo``, ``titan`` and ``testing`` sit on top.
-TorchTitan's dataloader lives in ``zephon_vl.titan.dataloader`` (importing it
-imports torchtitan).
 """
 
 from __future__ import annotations
 
+import zephon_core
 from zephon_core.extend import lazy_exports
 
 _EXPORTS: dict[str, str] = {
@@ -71,6 +73,8 @@ _EXPORTS: dict[str, str] = {
     "build_demo_dataset": "zephon_vl.demo.data",
     "default_demo_dir": "zephon_vl.demo.data",
 }
+#: everything a user imports from zephon_core, from here too (the same objects)
+_EXPORTS.update({name: "zephon_core" for name in zephon_core.__all__})
 
 __all__ = sorted(_EXPORTS)
 

@@ -38,15 +38,16 @@ from zephon_core import (
     Shuffle,
     ShuffleSettings,
     load_tokenizer,
-    setting,
-    settings_groups,
 )
 from zephon_core.extend import (
     PACK_MODES,
     check_lane_geometry,
     dataset_format,
     dataset_reader,
+    moved_keywords,
+    setting,
     settings_from_table,
+    settings_groups,
 )
 from zephon_vl.families.base import SpecialTokens, VisionFamily
 from zephon_vl.families.registry import vision_family
@@ -56,8 +57,12 @@ from zephon_vl.ops.collate import VLCollate
 from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
-#: one dataset: a list of files, one manifest path, a `DatasetSpec`, or its fields as a
-#: mapping (``{"files": [...], "format": "llava", "image_folder": "..."}``)
+#: one dataset: a list of files (their suffix picks the format: ``.tar`` WebDataset shards,
+#: ``.jsonl``/``.parquet`` text), one manifest (a path or URL ending in ``.json``, written by
+#: ``zephon-vl index``: building the recipe then reads that one file and no shard), a
+#: `DatasetSpec` that names its ``format`` (``llava``, ``parquet``, ``messages``,
+#: ``obelics``...; docs/data-formats.md), or its fields as a mapping
+#: (``{"files": [...], "format": "llava", "image_folder": "..."}``)
 DatasetArg = Sequence[str | os.PathLike] | str | DatasetSpec | Mapping[str, Any]
 
 
@@ -82,6 +87,12 @@ class VisionPackSettings(PackSettings):
         "none: the family's default); a dataset's own image_every_row overrides it")
 
 
+#: `vlm_recipe`'s packing keywords before 0.4, now `pack`'s fields (VisionPackSettings)
+PACK_KEYWORDS = {k: f"pack.{k}" for k in ("pack_mode", "max_open_bins", "overlong",
+                                          "max_vision_tokens", "max_images", "image_every_row")}
+
+
+@moved_keywords("vlm_recipe", "0.4.0", PACK_KEYWORDS)
 @settings_groups(pack=VisionPackSettings)
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                tokenizer: str | os.PathLike | None, *, seq_len: int = 2048,
@@ -100,12 +111,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
-    A dataset is a list of files (their suffix picks the format: ``.tar``
-    WebDataset shards, ``.jsonl``/``.parquet`` text), one manifest (a path or
-    URL ending in ``.json``, written by ``zephon-vl index``: then building the
-    recipe reads that one file, and no shard), or a `DatasetSpec` (or its
-    fields as a mapping) that names its ``format`` (``llava``, ``parquet``,
-    ``messages``, ``obelics``...; see docs/data-formats.md). How reads from URLs are
+    `shards`: one dataset or ``{name: dataset}`` (`DatasetArg`). How reads from URLs are
     retried is an execution setting (`Execution.retry`): it never changes a batch.
 
     `on_error` is the bad-input policy (drop or raise). `image`, `video`, `pack`, `shuffle`

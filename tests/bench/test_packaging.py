@@ -25,7 +25,8 @@ def test_every_package_folder_is_in_the_distribution() -> None:
     assert config["package-dir"]["zephon_bench"] == "benchmarks"
 
 
-@pytest.mark.parametrize("package", ["zephon_core", "zephon_vl", "zephon_core.extend"])
+@pytest.mark.parametrize("package", ["zephon_core", "zephon_vl", "zephon_core.extend",
+                                     "zephon_vl.titan"])
 def test_public_names_resolve(package: str) -> None:
     module = importlib.import_module(package)
     assert module.__all__ == sorted(module.__all__)

@@ -17,8 +17,6 @@ from tests.helpers.core import DataSpec, Spec, World, build_recipe, reference_di
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core import (
     CheckpointError,
-    Combiner,
-    CombinerOp,
     ConfigError,
     Dropped,
     Execution,
@@ -27,11 +25,9 @@ from zephon_core import (
     Origin,
     Pack,
     Recipe,
-    Row,
-    Segment,
 )
 from zephon_core.engine.plan import Plan
-from zephon_core.extend import combiner_state
+from zephon_core.extend import Combiner, CombinerOp, Row, Segment, combiner_state
 from zephon_core.ops.contract import Recompute
 
 

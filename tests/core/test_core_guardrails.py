@@ -435,7 +435,7 @@ def test_stall_settings_are_checked():
 def test_execution_choices_are_checked_from_their_declaration(field, value):
     """Each choice field is refused at construction, naming the allowed values its
     declaration lists (start_method was accepted and failed later, at the first start)."""
-    from zephon_core import flat_settings
+    from zephon_core.extend import flat_settings
 
     allowed = next(s.info.choices for s in flat_settings(Execution) if s.name == field)
     with pytest.raises(ConfigError, match=f"{field}.*{', '.join(allowed)}"):

@@ -11,8 +11,9 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from zephon_core import ConfigError, Execution, parse_resources
+from zephon_core import ConfigError, Execution
 from zephon_core.engine.ray_runner import float_bytes, own_copy
+from zephon_core.extend import parse_resources
 
 NO_RAY = """
 import sys

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zephon_core import ConfigError, Execution, Read, usable_cores
+from zephon_core import ConfigError, Execution, Read
 from zephon_core.common.system import worker_budget
+from zephon_core.extend import usable_cores
 
 
 def _read_workers(ex: Execution) -> int:

@@ -29,13 +29,13 @@ from zephon_core import (
     Origin,
     Recipe,
     RetryPolicy,
-    Row,
     StepMeta,
     batch_digest,
     load_tokenizer,
     qwen_tokenizer_dir,
     run_digests,
 )
+from zephon_core.extend import Row
 from zephon_vl import (
     ImageSettings,
     QwenVL,

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_core import ConfigError, Execution, flat_settings
+from zephon_core import ConfigError, Execution
+from zephon_core.extend import flat_settings
 from zephon_vl.cli.main import add_execution_args, execution_from
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.titan.dataloader import ZephonDataLoader

@@ -1,4 +1,4 @@
-"""A recipe's settings are declared once (`zephon_core.setting`): every field has help, the
+"""A recipe's settings are declared once (`zephon_core.extend.setting`): every field has help, the
 docs' tables are generated from the declarations, choices are checked from them, TOML
 tables are read through them, and a recipe file's top-level packing keys are the fields
 of `pack`, so files written before `pack` existed build the same recipe."""
@@ -17,12 +17,10 @@ from zephon_core import (
     ConfigError,
     PackSettings,
     ShuffleSettings,
-    flat_settings,
     load_recipe,
-    settings_table,
     text_recipe,
 )
-from zephon_core.extend import settings_from_table
+from zephon_core.extend import flat_settings, settings_from_table, settings_table
 from zephon_vl import ImageSettings, VideoSettings, VisionPackSettings, vlm_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +44,7 @@ def test_docs_list_every_field_from_the_declarations(cls: type) -> None:
     for doc in DOCS.get(cls, ["docs/settings.md"]):
         assert table in (ROOT / doc).read_text(), (
             f"{doc} shows an old table of {cls.__name__}; replace it with "
-            f"zephon_core.settings_table({cls.__name__}):\n{table}")
+            f"zephon_core.extend.settings_table({cls.__name__}):\n{table}")
 
 
 @pytest.mark.parametrize(("cls", "name", "bad"), [

@@ -39,8 +39,8 @@ from zephon_core import (
     StorageError,
     ZephonError,
     batch_digest,
-    open_shard,
 )
+from zephon_core.extend import open_shard
 from zephon_vl import build_manifest, load_manifest
 from zephon_vl.testing.storage_servers import GCS_ENV, gcs_server, s3_server
 

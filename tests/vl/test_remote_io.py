@@ -37,8 +37,8 @@ from zephon_core import (
     StorageError,
     ZephonError,
     batch_digest,
-    open_shard,
 )
+from zephon_core.extend import open_shard
 from zephon_vl.testing.storage_servers import http_server
 
 pytest.importorskip("aiohttp")
@@ -303,7 +303,7 @@ def test_read_many_equals_read_for_any_group_and_bounds(small_served) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from zephon_core import storage_settings
+    from zephon_core.extend import storage_settings
     from zephon_vl import WebDatasetReader
 
     server, local, urls = small_served

@@ -17,7 +17,8 @@ from tests.helpers.vl import (
     special,
     tokenizer,
 )
-from zephon_core import BadSampleError, Execution, Loader, Origin, Row, Segment
+from zephon_core import BadSampleError, Execution, Loader, Origin
+from zephon_core.extend import Row, Segment
 from zephon_vl import write_shards
 
 DEEP = "[" * 200_000 + "]" * 200_000

@@ -6,12 +6,14 @@ import gc
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zephon_core.common.deprecation import moved_keywords
 from zephon_core.common.system import release_free_heap
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.ops.chat import ChatFraming, chat_pieces, chatml_turn, record_turns
@@ -79,10 +81,15 @@ def _token_text(value: Any) -> str | None:
 class FastTokenizer:
     """The part of a transformers tokenizer zephon uses, over `tokenizers.Tokenizer`.
 
-    Text is untrusted: a caption that contains ``<|image_pad|>`` or
-    ``<|im_start|>`` is tokenized as those characters, never as the control
-    tokens (which only the operators insert, by id). That is the engine's
-    ``encode_special_tokens`` mode, transformers' ``split_special_tokens``.
+    Every method and attribute that shares a name with transformers'
+    ``PreTrainedTokenizerFast`` behaves as that one does on the same folder loaded with
+    ``AutoTokenizer.from_pretrained(path, split_special_tokens=True)``: the same ids,
+    types and defaults (``tests/core/test_tokenizer_conventions.py`` compares them).
+    That one flag is on purpose: text is untrusted, so a caption that contains
+    ``<|image_pad|>`` or ``<|im_start|>`` is tokenized as those characters, never as the
+    control tokens (which only the operators insert, by id). It is the engine's
+    ``encode_special_tokens`` mode. `convert_tokens_to_ids` looks tokens up by name, so
+    ``convert_tokens_to_ids("<|im_end|>")`` is that token's id, as in transformers.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -92,26 +99,81 @@ class FastTokenizer:
         self._tok.encode_special_tokens = True
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.bos_token_id = self._id(config.get("bos_token"))
-        self.eos_token_id = self._id(config.get("eos_token"))
-        self.pad_token_id = self._id(config.get("pad_token"))
-        self.unk_token_id = self._id(config.get("unk_token"))
+        self._special = {name: self._id(config.get(f"{name}_token"))
+                         for name in ("bos", "eos", "pad", "unk")}
 
     def _id(self, token: Any) -> int | None:
         text = _token_text(token)
         return None if text is None else self._tok.token_to_id(text)
 
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._special["bos"]
+
+    @bos_token_id.setter
+    def bos_token_id(self, value: int | None) -> None:
+        self._special["bos"] = value
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._special["eos"]
+
+    @eos_token_id.setter
+    def eos_token_id(self, value: int | None) -> None:
+        self._special["eos"] = value
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._special["pad"]
+
+    @pad_token_id.setter
+    def pad_token_id(self, value: int | None) -> None:
+        self._special["pad"] = value
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._special["unk"]
+
+    @unk_token_id.setter
+    def unk_token_id(self, value: int | None) -> None:
+        self._special["unk"] = value
+
     def __len__(self) -> int:
+        """The vocabulary with the added tokens, as ``len()`` of a transformers tokenizer."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int | None]:
-        return [self._tok.token_to_id(t) for t in tokens]
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | None | list[int | None]:
+        """A token's id (a str in, an int out), or a list of ids for an iterable of tokens;
+        a token the vocabulary lacks gives `unk_token_id` (None without an unknown token),
+        as transformers does."""
+        if isinstance(tokens, str):
+            return self._lookup(tokens)
+        return [self._lookup(t) for t in tokens]
 
-    def __call__(self, texts: str | list[str], add_special_tokens: bool = False) -> dict:
-        if isinstance(texts, str):
-            return {"input_ids": self._tok.encode(texts, add_special_tokens=add_special_tokens).ids}
-        encoded = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
-        return {"input_ids": [e.ids for e in encoded]}
+    def _lookup(self, token: str) -> int | None:
+        found = self._tok.token_to_id(token)
+        return self.unk_token_id if found is None else found
+
+    @moved_keywords("FastTokenizer.__call__", "0.4.0", {"texts": "text"})
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True,
+                 return_attention_mask: bool | None = None) -> dict[str, Any]:
+        """``{"input_ids": ..., "attention_mask": ...}`` for a text (lists of ints) or a
+        list of texts (lists of lists), as transformers' tokenizer call gives them, with
+        its defaults: the tokenizer's special tokens added (`add_special_tokens`), the
+        attention mask included unless `return_attention_mask` is False. No padding,
+        truncation or tensors: the operators pack rows themselves."""
+        mask = return_attention_mask is not False
+        if isinstance(text, str):
+            encoded = self._tok.encode(text, add_special_tokens=add_special_tokens)
+            out: dict[str, Any] = {"input_ids": encoded.ids}
+            if mask:
+                out["attention_mask"] = encoded.attention_mask
+            return out
+        batch = self._tok.encode_batch(text, add_special_tokens=add_special_tokens)
+        out = {"input_ids": [e.ids for e in batch]}
+        if mask:
+            out["attention_mask"] = [e.attention_mask for e in batch]
+        return out
 
 
 class TokenizerTransform(Transform):
@@ -188,7 +250,8 @@ class Tokenize(TokenizerTransform):
                                      f"no string field {self.text_key!r} and no "
                                      "'conversations'/'messages' chat in the sample")
             out[i] = self._chat(turns, _where(e))
-        ids = self._tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+        ids = self._tok(texts, add_special_tokens=False,
+                        return_attention_mask=False)["input_ids"] if texts else []
         bos_id, eos_id = self._tok.bos_token_id, self._tok.eos_token_id
         bos = [bos_id] if self.add_bos and bos_id is not None else []
         eos = [eos_id] if self.add_eos and self.chat.end_of_text and eos_id is not None else []
@@ -207,7 +270,8 @@ class Tokenize(TokenizerTransform):
         start, end = self._chatml
 
         def encode(s: str) -> list[int]:
-            return self._tok(s, add_special_tokens=False)["input_ids"] if s else []
+            return self._tok(s, add_special_tokens=False,
+                             return_attention_mask=False)["input_ids"] if s else []
 
         pieces = chat_pieces(turns, self.chat, lambda role: chatml_turn(start, end, role, encode),
                              encode)

@@ -52,10 +52,12 @@ import dataclasses
 import importlib
 import inspect
 import tomllib
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zephon_core.common.deprecation import Deprecation, renamed_keys
 from zephon_core.common.settings import settings_from_table
 from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
@@ -85,6 +87,14 @@ _FOLDER_LIST_OPTIONS = ("allow_references",)
 #: other options a format may take (it refuses the ones it does not); ``image_every_row``
 #: is a VLM recipe's per-dataset filler switch (`vlm_recipe` takes it out)
 _OTHER_OPTIONS = ("row_group_cache", "image_every_row", "max_image_bytes", "max_video_bytes")
+#: the keys of a ``[[phases]]`` table
+_PHASE_KEYS = ("start_step", "weights", "global_batch_size")
+#: the keys a recipe file takes besides its kind's keywords (popped before the factory)
+_FILE_KEYS = ("kind", "tokenizer", "datasets", "mix_by")
+#: renamed recipe-file keys, ``dict([renamed_key("old" or "table.old", "new", since), ...])``
+#: (`zephon_core.common.deprecation`): each still read, with a DeprecationWarning naming the
+#: file, until one minor version after `since` (docs/api.md); none so far
+RENAMED_KEYS: dict[str, tuple[str, Deprecation]] = {}
 
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
@@ -205,6 +215,7 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
         fields = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    fields = renamed_keys(fields, RENAMED_KEYS, str(path))
     for key in ("retry", "execution"):
         if key in fields:
             raise ConfigError(f"{path}: [{key}] is an execution setting, not the recipe's (it "
@@ -239,15 +250,58 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
 
 
 def _check_keys(factory: RecipeFactory, fields: dict[str, Any], kind: str) -> None:
-    params = inspect.signature(factory).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    known = _keyword_keys(factory)
+    if known is None:
         return  # the factory takes any key; it reports its own
-    known = [k for k, p in list(params.items())[2:] if k != "weights"]
-    known += [f.name for cls in groups_of(factory).values() for f in dataclasses.fields(cls)]
     for key in fields:
         if key not in known:
             raise UnknownKeyError(f"unknown key {key!r} for kind {kind!r}; known: kind, "
                                   f"tokenizer, datasets, {', '.join(known)}", key)
+
+
+def _keyword_keys(factory: RecipeFactory) -> list[str] | None:
+    """The top-level keys a recipe file gives `factory` as keywords: its parameters after
+    the first two (files, tokenizer), less ``weights``, and its settings groups' fields;
+    None when it takes any (``**kwargs``)."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    known = [k for k, p in list(params.items())[2:] if k != "weights"]
+    return known + [f.name for cls in groups_of(factory).values()
+                    for f in dataclasses.fields(cls)]
+
+
+def recipe_file_keys() -> dict[str, dict[str, list[str]]]:
+    """The keys recipe files accept, by kind and table: ``""`` (the top level),
+    ``"[shuffle]"``, ``"[pack]"``... (one per settings parameter of the kind's factory),
+    ``"[[datasets]]"`` and ``"[[phases]]"``; derived from the declarations the reader checks
+    against (docs/api.txt lists them). A factory that takes ``**kwargs`` lists ``"*"``."""
+    out = {}
+    for kind, ref in sorted(_KINDS.items()):
+        factory = _resolve(ref, f"kind {kind!r}")
+        keywords = _keyword_keys(factory)
+        tables = {"": sorted({*_FILE_KEYS, "phases",
+                              *(keywords if keywords is not None else ["*"])}),
+                  "[[datasets]]": sorted((*_DATASET_KEYS, *_FOLDER_OPTIONS, *_OTHER_OPTIONS)),
+                  "[[phases]]": sorted(_PHASE_KEYS)}
+        for param, cls in _settings_parameters(factory).items():
+            tables[f"[{param}]"] = sorted(f.name for f in dataclasses.fields(cls)
+                                          if not f.name.startswith("_"))
+        out[kind] = tables
+    return out
+
+
+def _settings_parameters(factory: RecipeFactory) -> dict[str, type]:
+    """`factory`'s parameters that take a settings object or its table (``shuffle:
+    ShuffleSettings | Mapping | None``): parameter -> settings class."""
+    hints = typing.get_type_hints(factory)
+    out = {}
+    for name, tp in hints.items():
+        args = typing.get_args(tp) or (tp,)
+        found = [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        if found and name != "return":
+            out[name] = found[0]
+    return out
 
 
 def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]]:
@@ -301,7 +355,7 @@ def phases_from_tables(tables: Any) -> list[Phase]:
         raise ConfigError("phases must be an array of tables ([[phases]])")
     out = []
     for i, t in enumerate(tables):
-        known = {"start_step", "weights", "global_batch_size"}
+        known = set(_PHASE_KEYS)
         if not isinstance(t, dict) or set(t) - known or "start_step" not in t or \
                 not isinstance(t.get("weights", {}), dict) or \
                 not ({"weights", "global_batch_size"} & set(t)):

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zephon_core.common.deprecation import moved_keywords
 from zephon_core.common.settings import settings_from_table
 from zephon_core.data.formats import DatasetSpec, as_spec, dataset_format, dataset_reader
 from zephon_core.data.sources import Dataset, Phase, ShuffleSettings
@@ -30,7 +31,11 @@ from zephon_core.spec import Recipe
 
 Files = Sequence[str | os.PathLike]
 
+#: `text_recipe`'s packing keywords before 0.4, now `pack`'s fields (PackSettings)
+PACK_KEYWORDS = {k: f"pack.{k}" for k in ("pack_mode", "max_open_bins", "overlong")}
 
+
+@moved_keywords("text_recipe", "0.4.0", PACK_KEYWORDS)
 @settings_groups(pack=PackSettings)
 def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike | None, *,
                 seq_len: int = 2048, global_batch_size: int = 8, num_lanes: int = 8,
@@ -88,6 +93,7 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
                   phase_lag=phase_lag)
 
 
+@moved_keywords("text_loader", "0.4.0", PACK_KEYWORDS)
 def text_loader(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike, *,
                 dp_rank: int = 0, dp_world_size: int = 1, execution: Execution | None = None,
                 microbatches: int = 1, **recipe_args) -> Loader:
@@ -96,6 +102,7 @@ def text_loader(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     return Loader(recipe, dp_rank, dp_world_size, execution, microbatches)
 
 
+@moved_keywords("text_demo", "0.4.0", PACK_KEYWORDS)
 @forwards_to(text_recipe)
 def text_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 512,
               seed: int = 0, **overrides: Any) -> Recipe:

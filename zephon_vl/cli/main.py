@@ -7,7 +7,8 @@ import json
 import sys
 from collections.abc import Callable
 
-from zephon_core import ConfigError, Execution, FlatSetting, Recipe, ZephonError, flat_settings
+from zephon_core import ConfigError, Execution, Recipe, ZephonError
+from zephon_core.extend import FlatSetting, flat_settings
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}

@@ -107,7 +107,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 @command("profile", "find the loader's bottleneck stage and recommend a worker split", _args)
 def cmd_profile(args: argparse.Namespace) -> int:
-    from zephon_core import ConfigError, Loader, load_recipe, usable_cores
+    from zephon_core import ConfigError, Loader, load_recipe
+    from zephon_core.extend import usable_cores
     from zephon_vl.cli.progress import Progress
 
     if args.steps < 1 or args.warmup < 0:

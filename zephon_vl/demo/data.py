@@ -47,8 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import atomic_write, cache_dir, usable_cores
-from zephon_core.extend import file_sha256
+from zephon_core.extend import atomic_write, cache_dir, file_sha256, usable_cores
 from zephon_vl.wds.writer import write_shards
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from zephon_core import BalanceSettings, Recipe, forwards_to
-from zephon_core.extend import settings_from_table
+from zephon_core import BalanceSettings, Recipe
+from zephon_core.extend import forwards_to, moved_keywords, settings_from_table
 from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
-from zephon_vl.recipes import VisionPackSettings, vlm_recipe
+from zephon_vl.recipes import PACK_KEYWORDS, VisionPackSettings, vlm_recipe
 
 #: the demos' packing: at most 8 images a row
 DEMO_PACK = VisionPackSettings(max_images=8)
@@ -31,6 +31,7 @@ def _demo_pack(overrides: dict[str, Any], base: VisionPackSettings = DEMO_PACK
                                base=base)
 
 
+@moved_keywords("vlm_demo", "0.4.0", PACK_KEYWORDS)
 @forwards_to(vlm_recipe)
 def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 2048,
              seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:
@@ -50,6 +51,7 @@ def vlm_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 204
 MIX_DEMO_BALANCE = BalanceSettings(budget=193.6, heavy_every=4, heavy_budget=800.0, tolerance=0.02)
 
 
+@moved_keywords("vlm_mix_demo", "0.4.0", PACK_KEYWORDS)
 @forwards_to(vlm_recipe)
 def vlm_mix_demo(num_lanes: int = 8, global_batch_size: int = 16, seq_len: int = 1024,
                  seed: int = 0, num_samples: int = 2000, **overrides: Any) -> Recipe:

@@ -76,9 +76,10 @@ def kimi_tokenizer_dir(out: str | os.PathLike | None = None) -> Path:
     ``<|endoftext|>`` its end of text: a test and demo asset, not Kimi's real
     vocabulary (ids differ from the released checkpoints; train from scratch
     or point the recipe at the real tokenizer). Cached under
-    ``zephon_core.cache_dir()``; built atomically, so concurrent processes agree.
+    ``zephon_core.extend.cache_dir()``; built atomically, so concurrent processes agree.
     """
-    from zephon_core import cache_dir, qwen_tokenizer_dir
+    from zephon_core import qwen_tokenizer_dir
+    from zephon_core.extend import cache_dir
 
     target = Path(out) if out is not None else \
         cache_dir() / f"kimi-tokenizer-v{KIMI_TOKENIZER_VERSION}"

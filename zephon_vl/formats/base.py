@@ -29,8 +29,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_core import BadSampleError, ConfigError, DatasetSpec, known_formats
-from zephon_core.extend import ROLES, base_name, option_path
+from zephon_core import BadSampleError, ConfigError, DatasetSpec
+from zephon_core.extend import ROLES, base_name, known_formats, option_path
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
 from zephon_vl.formats.references import OPTIONS as REFERENCE_OPTIONS
 from zephon_vl.formats.references import MediaPlaces

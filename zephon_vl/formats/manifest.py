@@ -32,8 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import ConfigError, atomic_write, open_shard, stat_shard
-from zephon_core.extend import base_name, is_remote, local_path
+from zephon_core import ConfigError
+from zephon_core.extend import (
+    atomic_write,
+    base_name,
+    is_remote,
+    local_path,
+    open_shard,
+    stat_shard,
+)
 from zephon_vl.formats.records import RecordEntry, RecordFiles, offsets_blob
 from zephon_vl.wds.manifest import (
     ShardChange,

@@ -48,8 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zephon_core import BadSampleError, atomic_write, cache_dir, stat_shard
-from zephon_core.extend import base_name, is_remote, local_path
+from zephon_core import BadSampleError
+from zephon_core.extend import atomic_write, base_name, cache_dir, is_remote, local_path, stat_shard
 from zephon_vl.formats.base import Where
 
 if TYPE_CHECKING:

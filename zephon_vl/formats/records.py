@@ -29,18 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import (
-    BadSampleError,
-    ConfigError,
-    ZephonError,
-    atomic_write,
-    open_shard,
-    stat_shard,
-)
-from zephon_core import cache_dir as default_cache_dir
+from zephon_core import BadSampleError, ConfigError, ZephonError
 from zephon_core.extend import (
     CORRUPT_ROW_GROUP,
     StoredFileIO,
+    atomic_write,
     base_name,
     corrupt_group_detail,
     is_parquet_damage,
@@ -48,10 +41,13 @@ from zephon_core.extend import (
     loads_sample,
     local_path,
     open_parquet,
+    open_shard,
     parquet_layout,
     read_checked_group,
     read_whole,
+    stat_shard,
 )
+from zephon_core.extend import cache_dir as default_cache_dir
 
 log = logging.getLogger(__name__)
 

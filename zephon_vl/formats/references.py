@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from zephon_core import BadSampleError, ConfigError, open_shard
-from zephon_core.extend import is_remote, local_path
+from zephon_core import BadSampleError, ConfigError
+from zephon_core.extend import is_remote, local_path, open_shard
 from zephon_vl.media.files import file_kind, inside, path_fault
 
 #: default bounds of one referenced file (a dataset's ``max_image_bytes`` / ``max_video_bytes``)

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
-from zephon_core import BadSampleError, ConfigError, check_choices, setting
+from zephon_core import BadSampleError, ConfigError
+from zephon_core.extend import check_choices, setting
 from zephon_vl.media.geometry import (  # noqa: F401  (the geometry's public names, here too)
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,

@@ -28,8 +28,16 @@ from typing import Any
 import av
 import numpy as np
 
-from zephon_core import BadSampleError, ConfigError, check_choices, open_shard, setting
-from zephon_core.extend import StoredFileIO, is_remote, local_path, scheme_of
+from zephon_core import BadSampleError, ConfigError
+from zephon_core.extend import (
+    StoredFileIO,
+    check_choices,
+    is_remote,
+    local_path,
+    open_shard,
+    scheme_of,
+    setting,
+)
 from zephon_vl.media.files import file_kind, path_fault, real_inside
 from zephon_vl.media.image import (
     ImageSettings,

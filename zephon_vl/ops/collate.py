@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from zephon_core import BadSampleError, Row
-from zephon_core.extend import text_row_arrays
+from zephon_core import BadSampleError
+from zephon_core.extend import Row, text_row_arrays
 from zephon_vl.media.image import (
     ImageSettings,
     frame_rows_uint8,

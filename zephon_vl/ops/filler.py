@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_core import RowFiller
+from zephon_core.extend import RowFiller
 from zephon_vl.families.base import VisionFamily
 from zephon_vl.media.image import ImageSettings, finish_patches, target_size
 

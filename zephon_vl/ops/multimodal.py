@@ -267,7 +267,8 @@ class TokenizeMultimodal(TokenizerTransform):
             self._ids = self.family.special_tokens(self._tok)
 
     def _text(self, s: str) -> list[int]:
-        return self._tok(s, add_special_tokens=False)["input_ids"] if s else []
+        return self._tok(s, add_special_tokens=False,
+                         return_attention_mask=False)["input_ids"] if s else []
 
     def process_many(self, elements: list[Element]) -> list[Any]:
         self.setup()

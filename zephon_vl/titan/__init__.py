@@ -17,5 +17,22 @@
 * :mod:`zephon_vl.testing.titan_cpu`: the patches that make TorchTitan 0.3.0 run on a
   CPU-only torch build (gloo), and ``python -m zephon_vl.testing.titan_cpu`` to launch it.
 
-Importing this package does not import torchtitan; the submodules do.
+The public names are importable from here (``from zephon_vl.titan import
+ZephonDataLoader``); importing this package does not import torchtitan, and a name
+imports it when first used (install the ``[titan]`` extra).
 """
+
+from __future__ import annotations
+
+from zephon_core.extend import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ZephonDataLoader": "zephon_vl.titan.dataloader",
+    "ZephonTrainer": "zephon_vl.titan.trainer",
+    "zephon_trainer_config": "zephon_vl.titan.trainer",
+    "load_titan_config": "zephon_vl.titan.check",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports("zephon_vl.titan", _EXPORTS, globals())

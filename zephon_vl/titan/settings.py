@@ -1,6 +1,6 @@
 """The TorchTitan config's `Execution` fields, generated from `Execution`'s declaration.
 
-Every `Execution` leaf (`zephon_core.flat_settings`) becomes a field of
+Every `Execution` leaf (`zephon_core.extend.flat_settings`) becomes a field of
 ``ZephonDataLoader.Config`` under its flat name and in its unit, with its help
 (``--dataloader.retry_deadline``, ``--dataloader.backlog_bytes``): the same names,
 units and spellings as the command line's flags, read back by `Execution.from_flat`.
@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_core import Execution, FlatSetting, flat_settings
+from zephon_core import Execution
+from zephon_core.extend import FlatSetting, flat_settings
 
 
 def titan_type(s: FlatSetting) -> tuple[Any, Any]:

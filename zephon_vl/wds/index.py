@@ -47,23 +47,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_core import (
-    BadSampleError,
-    StoredFile,
-    ZephonError,
-    atomic_write,
-    open_shard,
-    stat_shard,
-)
-from zephon_core import cache_dir as default_cache_dir
+from zephon_core import BadSampleError, ZephonError
 from zephon_core.extend import (
+    StoredFile,
     StoredFileIO,
+    atomic_write,
     base_name,
     current_storage,
     is_remote,
     local_path,
+    open_shard,
     read_whole,
+    stat_shard,
 )
+from zephon_core.extend import cache_dir as default_cache_dir
 from zephon_vl.wds.tarscan import DAMAGED, Member, scan_tar  # noqa: F401  (DAMAGED: the drop reason)
 
 log = logging.getLogger(__name__)

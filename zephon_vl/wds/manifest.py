@@ -30,8 +30,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from zephon_core import ConfigError, atomic_write, stat_shard
-from zephon_core.extend import base_name, is_remote, local_path, read_whole
+from zephon_core import ConfigError
+from zephon_core.extend import (
+    atomic_write,
+    base_name,
+    is_remote,
+    local_path,
+    read_whole,
+    stat_shard,
+)
 from zephon_vl.wds.index import ShardEntry, WebDatasetReader, load_index
 
 MANIFEST_FORMAT = "zephon-wds-manifest"
