@@ -9,6 +9,7 @@ their operators need. The submodules are the layers (see docs/architecture.md):
 
 from __future__ import annotations
 
+from zephon_core._version import __version__ as __version__  # the one source
 from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
