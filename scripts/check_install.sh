@@ -46,8 +46,14 @@ fail() { echo "check_install: FAILED: $*" >&2; exit 1; }
 TEXT_DEMO="d6a288f01144 b61709c6df7d f935cd6c73b6 82785c744171 1bdc39ecdd19 5ab70c8e78d9"
 VLM_DEMO="fad81967c200 00569754a941 fb9cceca8821 6caa7a4aec6e 6c9d3590325c bad38f9ac819"
 
-say "python -m build (sdist, then the wheel from the sdist)"
-$PY -m build --outdir "$work/dist" . >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; fail "build"; }
+say "python -m build (sdist, then the wheel from the sdist) from a copy of the files git tracks"
+# A copy: what a clone would hold (uncommitted edits included, ignored files not), and the
+# build's zephon_vl.egg-info lands there, not in this checkout.
+mkdir "$work/src"
+git ls-files -z -co --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null |
+  tar -xf - -C "$work/src"
+(cd "$work/src" && $PY -m build --outdir "$work/dist" . >"$work/build.log" 2>&1) ||
+  { tail -30 "$work/build.log"; fail "build"; }
 $PY -m twine check --strict "$work"/dist/* || fail "twine check"
 $PY scripts/install_smoke.py wheel "$work/dist"
 wheel=$(ls "$work"/dist/*.whl)
