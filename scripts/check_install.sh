@@ -18,7 +18,7 @@
 #    `text_loader` loop (D=1 = D=2 resumed; with --lowest also read from Parquet).
 # 4. Beside it, the `[titan]` extra: torch still the same, and TorchTitan's trainer runs 3
 #    steps of zephon_llama3_debug at D=2 on the CPU (not with --lowest: TorchTitan 0.3
-#    wants a newer torch than 2.6).
+#    wants a newer torch than 2.7).
 # The venv and everything else live in one temporary folder, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
