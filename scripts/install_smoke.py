@@ -69,6 +69,7 @@ def lowest_constraints(pyproject: Path, extras: list[str]) -> str:
     """``name==lower`` for every runtime dependency and those of `extras` (each must
     have a ``>=`` bound: a range without one has no lowest version to test)."""
     from packaging.requirements import Requirement
+    from packaging.version import Version
 
     project = tomllib.loads(pyproject.read_text())["project"]
     reqs = list(project["dependencies"])
@@ -80,7 +81,9 @@ def lowest_constraints(pyproject: Path, extras: list[str]) -> str:
         lower = [s.version for s in req.specifier if s.operator == ">="]
         if len(lower) != 1:
             sys.exit(f"install_smoke: {text!r} has no single lower bound")
-        lines.append(f"{req.name}=={lower[0]}\n")
+        release = Version(lower[0]).release
+        exact = ".".join(map(str, (*release, 0, 0)[:max(3, len(release))]))  # 2.7 -> 2.7.0
+        lines.append(f"{req.name}=={exact}\n")
     return "".join(sorted(lines))
 
 
