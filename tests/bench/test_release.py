@@ -145,8 +145,9 @@ def test_a_built_demo_is_reused_without_the_demo_extra(
     assert not again.built and again.sha256 == built.sha256
 
 
-# About 6 minutes on 2 cores beside a torch of several GB (the venv alone is ~5.5 GB;
-# --lowest downloads torch 2.7 and its CUDA libraries, ~3 GB): beyond CI's time budget.
+# 5-11 minutes each on 2 cores, with a venv of ~6 GB (torch 2.14.1's CUDA build from this
+# machine's disk; --lowest downloads torch 2.7 and its CUDA libraries, ~3 GB): beyond CI's
+# time budget.
 @pytest.mark.heavy
 @pytest.mark.parametrize("mode", [[], ["--lowest"]], ids=["beside-torch-2.14.1", "lowest"])
 def test_the_wheel_installs_and_runs_outside_this_checkout(mode: list[str]) -> None:
