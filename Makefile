@@ -1,5 +1,5 @@
 # The two commands of the README. Each one installs what it needs first.
-.PHONY: setup demo test test-heavy lint
+.PHONY: setup demo test test-heavy lint check-install
 
 setup:
 	bash scripts/setup.sh
@@ -20,3 +20,8 @@ test-heavy: setup
 lint:
 	ruff check zephon_core zephon_vl benchmarks tests scripts
 	lint-imports
+
+# the built wheel outside this checkout: a fresh venv beside torch 2.14.1, then the demo, a
+# text loop and the [titan] extra (docs/api-policy.md; minutes, ~6 GB of disk while it runs)
+check-install: setup
+	bash scripts/check_install.sh

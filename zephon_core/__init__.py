@@ -11,6 +11,7 @@ docs/architecture.md): ``common`` -> ``data`` -> ``ops`` -> ``engine`` -> ``reci
 
 from __future__ import annotations
 
+from zephon_core._version import __version__ as __version__  # the one source
 from zephon_core.common.deprecation import moved_names
 from zephon_core.common.exports import lazy_exports
 

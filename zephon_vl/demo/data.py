@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_core import ConfigError
 from zephon_core.extend import atomic_write, cache_dir, file_sha256, usable_cores
 from zephon_vl.wds.writer import write_shards
 
@@ -109,6 +110,15 @@ def _pixels(photo: Photo) -> Any:
             img = img.convert("L").point(lambda v: 255 if v > 127 else 0)
         # Pixels only: an ICC profile or other info of the file would be copied into every JPEG.
         return Image.fromarray(np.asarray(img))
+
+
+def _require_skimage() -> None:
+    """The photos ship inside scikit-image, which comes with the `[demo]` extra."""
+    try:
+        import skimage.data  # noqa: F401
+    except ImportError:
+        raise ConfigError("the demo data set is made from scikit-image's photos: "
+                          "pip install 'zephon-vl[demo]'") from None
 
 
 @cache
@@ -466,6 +476,7 @@ def build_demo_dataset(
     found = _from_manifest(out, params)
     if found is not None:
         return found
+    _require_skimage()
     t0 = time.perf_counter()
     if workers is None:
         workers = min(4, usable_cores())
