@@ -37,15 +37,19 @@ from zephon_core import (
     Recipe,
     Shuffle,
     ShuffleSettings,
+    UserOp,
+    UserTransform,
     load_tokenizer,
     setting,
     settings_groups,
 )
 from zephon_core.extend import (
     PACK_MODES,
+    as_user_ops,
     check_lane_geometry,
     dataset_format,
     dataset_reader,
+    insert_user_ops,
     settings_from_table,
 )
 from zephon_vl.families.base import SpecialTokens, VisionFamily
@@ -97,7 +101,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                family: str | VisionFamily = "qwen3_5",
                balance: BalanceSettings | Mapping[str, Any] | None = None,
                phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32,
-               chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
+               chat: ChatFraming | Mapping[str, Any] | str | None = None,
+               operators: Sequence[UserOp | Mapping[str, Any]] = ()) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
     A dataset is a list of files (their suffix picks the format: ``.tar``
@@ -122,7 +127,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     carry the same vision tokens) under `balance`. `phases` and `phase_lag` make the
     mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
     own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
-    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
+    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise). `operators` are the user's own
+    (`UserOp`: after ``read``, ``pixels``, ``decode`` or ``tokenize``; docs/operators.md)."""
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
     image = settings_from_table(ImageSettings, image or {}, "image")
@@ -135,8 +141,11 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
     packer = _packer(pack, balance, seq_len, _rows_per_lane(num_lanes, global_batch_size),
                      special.pad, _filler(image, family, special, wants_image))
+    user = as_user_ops(operators)
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
-                     family, framing), packer]
+                     family, framing, _pixel_ops(user)), packer]
+    ops = insert_user_ops(ops, [u for u in user if u.after != "pixels"],
+                          {"read": "read", "decode": "decode", "tokenize": "tokenize"}, "vlm")
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
                   name=name,
@@ -192,15 +201,28 @@ def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool
 
 def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings | None,
             tokenizer: str | os.PathLike, seq_len: int, overlong: str, on_error: str,
-            family: VisionFamily, framing: ChatFraming) -> list[Any]:
+            family: VisionFamily, framing: ChatFraming,
+            pixel_ops: list[UserTransform]) -> list[Any]:
     """The per-sample operators between the shuffle and the packer: read through each
-    dataset's format, decode the vision inputs, tokenize with vision tokens."""
+    dataset's format, decode the vision inputs (with the user's ``pixels`` operators),
+    tokenize with vision tokens."""
     return [
         Read([d.reader for d in datasets], on_error=on_error),
-        DecodeVision(image, video, on_error=on_error),
+        DecodeVision(image, video, on_error=on_error, pixel_ops=pixel_ops),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
                            on_error=on_error, family=family, chat=framing),
     ]
+
+
+def _pixel_ops(user: list[UserOp]) -> list[UserTransform]:
+    """The user's ``pixels`` operators, run by the decode operator (its stage ships them)."""
+    out = []
+    for u in user:
+        if u.after == "pixels":
+            t = u.operator()
+            t.host = "decode"
+            out.append(t)
+    return out
 
 
 def _limits(pack: VisionPackSettings) -> dict[str, int]:
