@@ -5,6 +5,7 @@ checkpoint, naming it; bad ``[[operators]]`` tables are refused naming the key."
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -162,6 +163,9 @@ def test_a_local_function_runs_in_the_driver_and_is_refused_for_processes(files)
     with Loader(recipe, 0, 1, auto) as loader:
         got = [batch_digest(next(loader)) for _ in range(STEPS)]
     assert got == _digests(files, 1)  # same batches as the importable function
+    threads = Execution(runner="threads", default_workers=2, group_size=2, prefetch_steps=0)
+    assert [r.sha256 for r in run_digests(lambda: recipe, 2, STEPS, threads)] == got
+    assert copy.deepcopy(recipe).ops[2].fn is cut_here  # a copy is no pickle
     procs = Execution(runner="processes", default_workers=1)
     with pytest.raises(ConfigError, match=r"operator 'cut' wraps .*cut_here.*module level"):
         with Loader(_recipe(files, operators=[local]), 0, 1, procs) as loader:

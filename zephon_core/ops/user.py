@@ -201,6 +201,14 @@ class UserTransform(Transform):
     def process_many(self, elements: list[Element]) -> list[Any]:
         return [self.apply(e.payload, e.key) for e in elements]
 
+    def __copy__(self) -> UserTransform:  # copies need no import path; pickles do
+        out = UserTransform(self.op)
+        out.host = self.host
+        return out
+
+    def __deepcopy__(self, memo: dict) -> UserTransform:
+        return self.__copy__()
+
     def __reduce__(self) -> tuple:
         if self.path is None:
             raise ConfigError(
