@@ -63,6 +63,9 @@ _EXPORTS: dict[str, str] = {
     "ChatFraming": "zephon_core.ops.chat",
     # operators a recipe lists
     "Transform": "zephon_core.ops.contract",
+    "UserOp": "zephon_core.ops.user",
+    "UserTransform": "zephon_core.ops.user",
+    "user_rng": "zephon_core.ops.user",
     "Map": "zephon_core.ops.contract",
     "Filter": "zephon_core.ops.contract",
     "Read": "zephon_core.ops.read",

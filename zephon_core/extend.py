@@ -91,6 +91,8 @@ _EXPORTS: dict[str, str] = {
     "read_checked_group": "zephon_core.data.parquet",
     # operators
     "check_on_error": "zephon_core.ops.contract",
+    "as_user_ops": "zephon_core.ops.user",
+    "insert_user_ops": "zephon_core.ops.user",
     "TokenizerTransform": "zephon_core.ops.text",
     "text_row_arrays": "zephon_core.ops.pack",
     "PACK_MODES": "zephon_core.ops.pack:MODES",

@@ -37,13 +37,17 @@ from zephon_core import (
     Recipe,
     Shuffle,
     ShuffleSettings,
+    UserOp,
+    UserTransform,
     load_tokenizer,
 )
 from zephon_core.extend import (
     PACK_MODES,
+    as_user_ops,
     check_lane_geometry,
     dataset_format,
     dataset_reader,
+    insert_user_ops,
     moved_keywords,
     setting,
     settings_from_table,
@@ -108,7 +112,8 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                family: str | VisionFamily = "qwen3_5",
                balance: BalanceSettings | Mapping[str, Any] | None = None,
                phases: Sequence[Phase | Mapping[str, Any]] = (), phase_lag: int = 32,
-               chat: ChatFraming | Mapping[str, Any] | str | None = None) -> Recipe:
+               chat: ChatFraming | Mapping[str, Any] | str | None = None,
+               operators: Sequence[UserOp | Mapping[str, Any]] = ()) -> Recipe:
     """A VLM recipe over datasets of any registered format for a model `family`.
 
     `shards`: one dataset or ``{name: dataset}`` (`DatasetArg`). How reads from URLs are
@@ -128,12 +133,10 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     carry the same vision tokens) under `balance`. `phases` and `phase_lag` make the
     mixture a schedule (`Recipe`; docs/elastic-changes.md). `tokenizer` None: the family's
     own (`VisionFamily.tokenizer_dir`: Kimi's special tokens over the Qwen vocabulary for
-    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise)."""
+    ``kimi_k2_5``, the bundled Qwen vocabulary otherwise). `operators`: docs/operators.md."""
     family = vision_family(family)
     tokenizer = tokenizer if tokenizer is not None else family.tokenizer_dir()
-    image = settings_from_table(ImageSettings, image or {}, "image")
-    video = settings_from_table(VideoSettings, video, "video") if video is not None else None
-    pack = settings_from_table(VisionPackSettings, pack or {}, "pack")
+    image, video, pack = _settings(image, video, pack)
     datasets, wants_image = _datasets(shards, weights, index_cache, family.image_every_row
                                       if pack.image_every_row is None else pack.image_every_row)
     special = family.special_tokens(load_tokenizer(tokenizer))
@@ -142,12 +145,23 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     packer = _packer(pack, balance, seq_len, _rows_per_lane(num_lanes, global_batch_size),
                      special.pad, _filler(image, family, special, wants_image))
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
-                     family, framing), packer]
+                     family, framing, as_user_ops(operators)), packer]
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag)
+
+
+def _settings(image: ImageSettings | Mapping[str, Any] | None,
+              video: VideoSettings | Mapping[str, Any] | None,
+              pack: VisionPackSettings | Mapping[str, Any] | None,
+              ) -> tuple[ImageSettings, VideoSettings | None, VisionPackSettings]:
+    """`vlm_recipe`'s settings objects, each given as one or as its table's fields
+    (checked by their declarations, docs/settings.md)."""
+    return (settings_from_table(ImageSettings, image or {}, "image"),
+            settings_from_table(VideoSettings, video, "video") if video is not None else None,
+            settings_from_table(VisionPackSettings, pack or {}, "pack"))
 
 
 def _rows_per_lane(num_lanes: int, global_batch_size: int) -> int:
@@ -198,15 +212,29 @@ def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool
 
 def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings | None,
             tokenizer: str | os.PathLike, seq_len: int, overlong: str, on_error: str,
-            family: VisionFamily, framing: ChatFraming) -> list[Any]:
+            family: VisionFamily, framing: ChatFraming, user: list[UserOp]) -> list[Any]:
     """The per-sample operators between the shuffle and the packer: read through each
-    dataset's format, decode the vision inputs, tokenize with vision tokens."""
-    return [
+    dataset's format, decode the vision inputs (with the user's ``pixels`` operators),
+    tokenize with vision tokens; the user's other operators where they say."""
+    ops = [
         Read([d.reader for d in datasets], on_error=on_error),
-        DecodeVision(image, video, on_error=on_error),
+        DecodeVision(image, video, on_error=on_error, pixel_ops=_pixel_ops(user)),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
                            on_error=on_error, family=family, chat=framing),
     ]
+    return insert_user_ops(ops, [u for u in user if u.after != "pixels"],
+                           {"read": "read", "decode": "decode", "tokenize": "tokenize"}, "vlm")
+
+
+def _pixel_ops(user: list[UserOp]) -> list[UserTransform]:
+    """The user's ``pixels`` operators, run by the decode operator (its stage ships them)."""
+    out = []
+    for u in user:
+        if u.after == "pixels":
+            t = u.operator()
+            t.host = "decode"
+            out.append(t)
+    return out
 
 
 def _limits(pack: VisionPackSettings) -> dict[str, int]:

@@ -87,11 +87,13 @@ class ProcessRunner(Runner):
         self.group_timeout = group_timeout
         #: as asked (`start_method_now` resolves "auto" at each start)
         self.start_method = start_method
+        # first: a stage that cannot be shipped to workers is refused before anything of
+        # this runner exists to leak (its owner lock in /dev/shm)
+        self._fn_bytes = pickle.dumps(fn)
         shm.sweep_orphans()
         self.prefix = f"zephon-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
         self._owner = shm.OwnerLock(self.prefix) if shm.available() else None
         self.pool_bytes = self._size_pools()
-        self._fn_bytes = pickle.dumps(fn)
         self._lock = threading.Lock()
         self._pending: deque[_Task] = deque()
         self._next_id = 0

@@ -35,6 +35,12 @@ A TOML recipe file looks like::
     [[phases]]                    # optional mixture schedule: from step 1000 on, 1:1
     start_step = 1000
     weights = { web = 1.0, laion = 1.0 }   # a dataset not named weighs 0 in the phase
+    [[operators]]                 # optional: the user's own (docs/operators.md)
+    call = "mypkg.ops:min_side"   # an importable function
+    after = "pixels"              # read, pixels (vlm), decode (vlm) or tokenize
+    kind = "filter"               # map (default) or filter
+    args = { min_side = 64 }      # its keyword arguments
+    version = "1"                 # bump it when the function changes
 
 Relative file paths are relative to the TOML file; URLs (``s3://``,
 ``https://``...) are kept as written, never resolved as local paths. Every other top-level key
@@ -63,6 +69,7 @@ from zephon_core.data.formats import DatasetSpec, known_formats
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError, UnknownKeyError
+from zephon_core.ops.user import user_ops_from_tables
 from zephon_core.spec import Recipe
 
 RecipeFactory = Callable[..., Recipe]
@@ -235,6 +242,8 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
             tokenizer = qwen_tokenizer_dir()
         if "phases" in fields:
             fields["phases"] = phases_from_tables(fields["phases"])
+        if "operators" in fields:
+            fields["operators"] = user_ops_from_tables(fields["operators"])
         mix_by = fields.pop("mix_by", None)
         if "shuffle" in fields:
             fields["shuffle"] = settings_from_table(ShuffleSettings, fields["shuffle"], "shuffle")

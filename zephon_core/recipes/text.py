@@ -25,6 +25,7 @@ from zephon_core.ops.pack import Pack, PackSettings
 from zephon_core.ops.read import Read
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.ops.text import MinTokens, Tokenize, load_tokenizer
+from zephon_core.ops.user import UserOp, as_user_ops, insert_user_ops
 from zephon_core.recipes.assets import qwen_tokenizer_dir, text_corpus
 from zephon_core.recipes.registry import forwards_to, settings_groups
 from zephon_core.spec import Recipe
@@ -46,7 +47,8 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
                 epochs: int | None = None, on_error: str = "raise",
                 name: str = "text", phases: Sequence[Phase | Mapping[str, Any]] = (),
                 phase_lag: int = 32,
-                chat: ChatFraming | Mapping[str, Any] | None = None) -> Recipe:
+                chat: ChatFraming | Mapping[str, Any] | None = None,
+                operators: Sequence[UserOp | Mapping[str, Any]] = ()) -> Recipe:
     """A text recipe: shuffle pointers, read, tokenize, drop short documents, pack.
 
     Records are ``{text_key: str}`` (all trained) or chats under
@@ -54,10 +56,36 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
     trained; `chat` (a `ChatFraming` or its ``[chat]`` table) changes the framing
     (docs/data-formats.md). `pack` (a `PackSettings` or its fields) packs the rows;
     `shuffle` orders each dataset. `phases` and `phase_lag` make the mixture a schedule
-    (`Recipe`). `tokenizer` None: the bundled Qwen vocabulary."""
+    (`Recipe`). `operators` are the user's own (`UserOp`, docs/operators.md), after
+    ``read`` or ``tokenize``. `tokenizer` None: the bundled Qwen vocabulary."""
     if tokenizer is None:
         tokenizer = qwen_tokenizer_dir()
     pack = settings_from_table(PackSettings, pack or {}, "pack")
+    datasets = _datasets(files, weights, text_key)
+    pad_id = load_tokenizer(tokenizer).pad_token_id or 0
+    ops = []
+    if shuffle_buffer > 0:
+        ops.append(Shuffle(shuffle_buffer))
+    ops += [
+        Read([d.reader for d in datasets], on_error=on_error),
+        Tokenize(tokenizer, text_key="text", on_error=on_error,  # readers rename text_key
+                 chat=chat_framing(chat)),
+        MinTokens(min_tokens),
+        Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins,
+             overlong=pack.overlong, pad_id=pad_id),
+    ]
+    ops = insert_user_ops(ops, as_user_ops(operators), {"read": "read", "tokenize": "tokenize"},
+                          "text")
+    return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
+                  shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
+                  name=name, phases=list(phases),
+                  phase_lag=phase_lag)
+
+
+def _datasets(files: Files | Mapping[str, Files], weights: Mapping[str, float] | None,
+              text_key: str) -> list[Dataset]:
+    """`text_recipe`'s datasets by name (one unnamed dataset is ``data``), with weights;
+    each reader renames `text_key` to ``text``."""
     named = dict(files) if isinstance(files, Mapping) else {"data": files}
     weights = dict(weights or {})
     unknown = set(weights) - set(named)
@@ -75,22 +103,7 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
         except ConfigError as exc:
             raise ConfigError(f"dataset {n!r}: {exc}") from None
         datasets.append(Dataset(n, reader, float(weights.get(n, 1.0)), dataset_format(spec)))
-    pad_id = load_tokenizer(tokenizer).pad_token_id or 0
-    ops = []
-    if shuffle_buffer > 0:
-        ops.append(Shuffle(shuffle_buffer))
-    ops += [
-        Read([d.reader for d in datasets], on_error=on_error),
-        Tokenize(tokenizer, text_key="text", on_error=on_error,  # readers rename text_key
-                 chat=chat_framing(chat)),
-        MinTokens(min_tokens),
-        Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins,
-             overlong=pack.overlong, pad_id=pad_id),
-    ]
-    return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
-                  shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
-                  name=name, phases=list(phases),
-                  phase_lag=phase_lag)
+    return datasets
 
 
 @moved_keywords("text_loader", "0.4.0", PACK_KEYWORDS)

@@ -21,11 +21,19 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon_core import BadSampleError, ChatFraming, ConfigError, Element, Transform
+from zephon_core import (
+    BadSampleError,
+    ChatFraming,
+    ConfigError,
+    Element,
+    Transform,
+    UserTransform,
+)
 from zephon_core.extend import (
     TokenizerTransform,
     chat_pieces,
@@ -39,6 +47,7 @@ from zephon_vl.families.registry import vision_family
 from zephon_vl.formats.obelics import obelics_parts
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
 from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
+from zephon_vl.ops.pixels import PixelEdit, decode_with_pixels, edited_image
 
 _INDEXED = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp)$")
 
@@ -102,21 +111,36 @@ class DecodeVision(Transform):
 
     default_runner = "processes"
 
+    #: this element's ``pixels`` operators (`zephon_vl.ops.pixels`), set on a per-element copy
+    edit: PixelEdit | None = None
+
     def __init__(self, image: ImageSettings | None = None, video: VideoSettings | None = None,
-                 name: str = "decode", on_error: str = "drop") -> None:
+                 name: str = "decode", on_error: str = "drop",
+                 pixel_ops: Sequence[UserTransform] = ()) -> None:
         self.image = image or ImageSettings()
         self.video = video or VideoSettings()
         self.name = name
         self.on_error = check_on_error(on_error)
+        #: the user's operators on each still image's decoded pixels (docs/operators.md)
+        self.pixel_ops = list(pixel_ops)
 
     def settings(self) -> dict:
         from zephon_vl.media.image import pillow_backend
 
+        pixels = [{"name": t.name, **t.settings()} for t in self.pixel_ops]
         return {"image": self.image.settings(), "video": self.video.settings(),
-                "pil": pillow_backend()}
+                "pil": pillow_backend(), **({"pixel_ops": pixels} if pixels else {})}
 
     def process_many(self, elements: list[Element]) -> list[Any]:
+        if self.pixel_ops:
+            return [decode_with_pixels(self, e) for e in elements]
         return [self.decode(e.payload) for e in elements]
+
+    def _still(self, data: bytes, where: str) -> VisionPatches:
+        """One still image's patch rows, through this element's ``pixels`` operators."""
+        if self.edit is None:
+            return process_image(data, self.image, where, one_frame=True)
+        return edited_image(data, self.image, where, self.edit)
 
     def decode(self, sample: dict) -> dict:
         if "__format__" in sample:
@@ -143,7 +167,7 @@ class DecodeVision(Transform):
         if indexed and isinstance(meta, dict) and isinstance(
                 meta.get("conversations", meta.get("messages")), list):
             turns = [parse_turn(t, where) for t in meta.get("conversations", meta.get("messages"))]
-            vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+            vision = [self._still(sample[k], f"{where}.{k}")
                       for _, k in indexed]
             return {**base, "kind": "conversation", "turns": turns, "vision": vision,
                     "video": [False] * len(vision)}
@@ -158,14 +182,14 @@ class DecodeVision(Transform):
                                      "strings, or null where an image goes")
             if sum(p is None for p in parts) != len(indexed):
                 raise BadSampleError("bad_json", where, "number of nulls != number of images")
-            vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+            vision = [self._still(sample[k], f"{where}.{k}")
                       for _, k in indexed]
             return {**base, "kind": "interleaved", "parts": parts, "vision": vision,
                     "video": [False] * len(vision)}
         ext = next((e for e in IMAGE_EXTS if e in sample), None)
         if ext is None:
             raise BadSampleError("missing_image", where, "no jpg/png/webp/mp4 member")
-        img = process_image(sample[ext], self.image, f"{where}.{ext}", one_frame=True)
+        img = self._still(sample[ext], f"{where}.{ext}")
         if isinstance(meta, dict) and isinstance(meta.get("conversations"), list):
             return {**base, "kind": "conversation",
                     "turns": [parse_turn(t, where) for t in meta["conversations"]],
@@ -184,7 +208,7 @@ class DecodeVision(Transform):
         for j, m in enumerate(sample["media"]):
             name = f"{where}.{m.get('name', j)}"
             vision.append(process_video(m["data"], self.image, self.video, name) if m["video"]
-                          else process_image(m["data"], self.image, name, one_frame=True))
+                          else self._still(m["data"], name))
         doc = {"key": sample["__key__"], "shard": sample["__shard__"], "kind": sample["kind"],
                "vision": vision, "video": [bool(m["video"]) for m in sample["media"]]}
         if sample["kind"] == "interleaved":
@@ -204,7 +228,7 @@ class DecodeVision(Transform):
                                  f"json 'images' holds {len(images)} image(s) and the sample "
                                  f"has {len(indexed)} numbered image member(s) (0.jpg, 1.jpg...)"
                                  "; each image of the document is one member, in order")
-        vision = [process_image(sample[k], self.image, f"{where}.{k}", one_frame=True)
+        vision = [self._still(sample[k], f"{where}.{k}")
                   for _, k in indexed]
         return {**base, "kind": "interleaved", "parts": parts, "vision": vision,
                 "video": [False] * len(vision)}
