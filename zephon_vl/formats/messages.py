@@ -6,13 +6,23 @@ NVIDIA's Nemotron-VLM data also uses (JSON list, JSON Lines or Parquet)::
                                      {"type": "text", "text": "What is it?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]}
 
-An image part names its file (``image``, ``path`` or ``url``, or
-``{"type": "image_url", "image_url": {"url": ...}}``) relative to
+An image part names its file (``image``, ``path`` or ``url``) relative to
 ``image_folder``, or names nothing and takes the next entry of the record's
 ``images`` list (paths, or embedded ``{"bytes", "path"}`` as Parquet holds
 them); ``{"type": "video", "video": ...}`` likewise with ``video_folder`` and
 ``videos``. A string ``content`` may carry ``<image>`` placeholders for the
 ``images`` list. Roles: ``system``, ``user``, ``assistant``.
+
+Parts as API logs write them are read too, each the same sample as the file it
+holds or names: OpenAI Chat Completions' ``{"type": "image_url", "image_url":
+{"url": ...}}``, the Responses API's ``{"type": "input_image", "image_url":
+"..."}`` (a string) with ``input_text``/``output_text`` parts, xtuner's and
+Qwen's ``{"type": "video_url", "video_url": {"url": ...}}``, and Anthropic's
+``{"type": "image", "source": {"type": "base64", "media_type", "data"}}`` or
+``{"source": {"type": "url", "url"}}``. A URL may be a base64 ``data:`` URL
+(`zephon_vl.formats.inline`). A part that does not fit is a ``bad_message_part``
+drop whose detail names it (``message 1, part 0 (input_image): ...``), never its
+payload.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from zephon_core import BadSampleError
-
 from zephon_vl.formats.base import (
     RecordFormat,
     Where,
