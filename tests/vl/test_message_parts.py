@@ -375,3 +375,25 @@ def test_other_formats_decode_data_urls_the_same_way(media, tmp_path) -> None:
                                    {"image_folder": str(folder)})).read(0, 2)
     assert info.value.reason == "unsupported_data_url"
     assert "text/html" in info.value.detail and "PHA+" not in info.value.detail
+
+
+def test_parquet_parts_with_null_fields_read_as_their_json(media, tmp_path) -> None:
+    """In Parquet every part of a column has every field (``source``, ``image_url``,
+    ``text``... null where a part has none): a null field is absent, so a plain image
+    part is not read as an Anthropic one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, files = media["folder"], media["files"]
+    records = []
+    for i, form in enumerate(["file", "anthropic", "image_url", "file"]):
+        record = chats(form, files, 4)[i]
+        records.append(record)
+    jsonl = write_jsonl(tmp_path / "chat.jsonl", records)
+    table = pa.Table.from_pylist(records)
+    part = table.schema.field("messages").type.value_type.field("content").type.value_type
+    assert {"source", "image", "image_url", "text"} <= {f.name for f in part}
+    pq.write_table(table, tmp_path / "chat.parquet")
+    want = processed(reader_of(jsonl, folder), 4)
+    got = processed(reader_of(tmp_path / "chat.parquet", folder), 4)
+    assert_same(got, want)

@@ -119,7 +119,8 @@ def message_part(part: Any, label: str, take: Callable[[bool], dict],
         raise _bad_part(where, label, "not a part read here: text, input_text, output_text, "
                         "image, image_url, input_image, video or video_url (keys "
                         f"{keys})")
-    if kind == "image" and "source" in part:
+    # a null source is none: a Parquet column gives every part every field
+    if kind == "image" and part.get("source") is not None:
         return _source_item(part["source"], label, where)
     video = kind in _VIDEO
     ref = _part_ref(part, kind, label, where)
