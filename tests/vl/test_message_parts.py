@@ -397,3 +397,27 @@ def test_parquet_parts_with_null_fields_read_as_their_json(media, tmp_path) -> N
     want = processed(reader_of(jsonl, folder), 4)
     got = processed(reader_of(tmp_path / "chat.parquet", folder), 4)
     assert_same(got, want)
+
+
+def test_inline_media_need_no_folder(media, tmp_path) -> None:
+    """Records that carry their media (messages with data URLs and Anthropic sources, a
+    Parquet ``Image`` whose path is a data URL) are read with no image_folder set."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = media["files"]
+    jpeg = files["p0.jpg"]
+    chat = write_jsonl(tmp_path / "chat.jsonl",
+                       [chats("anthropic", files, 2)[0], chats("image_url", files, 2)[1]])
+    reader = dataset_reader(DatasetSpec([str(chat)], "messages"))
+    assert reader.read(0, 0)["media"][0]["data"] == jpeg
+    assert [m["data"] for m in reader.read(0, 1)["media"]] == [files["p1.jpg"],
+                                                                files["p2.jpg"]]
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    text = pa.struct([("user", pa.string()), ("assistant", pa.string())])
+    schema = pa.schema([("images", pa.list_(image)), ("texts", pa.list_(text))])
+    rows = [{"images": [{"bytes": None, "path": data_url("image/jpeg", jpeg)}],
+             "texts": [{"user": "What is it?", "assistant": "A photo."}]}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "c.parquet")
+    parquet = dataset_reader(DatasetSpec([str(tmp_path / "c.parquet")], "parquet"))
+    assert parquet.read(0, 0)["media"][0]["data"] == jpeg
