@@ -81,12 +81,9 @@ def _part_ref(part: dict, kind: str, label: str, where: Where) -> Any:
     return None
 
 
-def _source_item(source: Any, label: str, where: Where) -> dict:
+def _source_item(source: dict, label: str, where: Where) -> dict:
     """Anthropic's image ``source``: ``{"type": "base64", "media_type", "data"}`` or
     ``{"type": "url", "url"}`` (a URL under the same rule as every reference)."""
-    if not isinstance(source, dict):
-        raise _bad_part(where, label, f"its 'source' is {type(source).__name__}, not "
-                        "{'type': 'base64' or 'url', ...}")
     how = source.get("type")
     if how == "base64":
         media_type, data = source.get("media_type"), source.get("data")
@@ -119,8 +116,9 @@ def message_part(part: Any, label: str, take: Callable[[bool], dict],
         raise _bad_part(where, label, "not a part read here: text, input_text, output_text, "
                         "image, image_url, input_image, video or video_url (keys "
                         f"{keys})")
-    # a null source is none: a Parquet column gives every part every field
-    if kind == "image" and part.get("source") is not None:
+    # Anthropic's source is an object (null in a Parquet part that has none: a column
+    # gives every part every field; a string is some data set's provenance note)
+    if kind == "image" and isinstance(part.get("source"), dict):
         return _source_item(part["source"], label, where)
     video = kind in _VIDEO
     ref = _part_ref(part, kind, label, where)
