@@ -81,8 +81,10 @@ def _cases(paths: dict[str, Path], foreign: str) -> dict[str, tuple[str, str | N
         "long-name": ("a" * 300 + ".jpg", "bad_media_path"),
         "through-file": ("good-0.jpg/y.jpg", "bad_media_path"),
         "nul": ("good-0.jpg\x00.png", "bad_media_path"),
-        "data-url": ("data:image/jpeg;base64," + "/9j/4AAQSkZJRgABAQ" * 40,
+        "data-url": ("data:text/html;base64," + "PHA+emVwaG9uLXNlY3JldDwvcD4=" * 40,
                      "unsupported_data_url"),
+        "bad-data-url": ("data:image/jpeg;base64," + "/9j/4AAQSkZJRgABAQ" * 40 + "*",
+                         "bad_data_url"),
     }
 
 

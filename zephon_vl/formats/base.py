@@ -31,6 +31,7 @@ from typing import Any
 
 from zephon_core import BadSampleError, ConfigError, DatasetSpec
 from zephon_core.extend import ROLES, base_name, known_formats, option_path
+from zephon_vl.formats.inline import decode_inline, inline_item, is_data_url
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
 from zephon_vl.formats.references import OPTIONS as REFERENCE_OPTIONS
 from zephon_vl.formats.references import MediaPlaces
@@ -193,18 +194,23 @@ class RecordFormat:
         return str(index)
 
 
-def media_item(ref: Any, video: bool, where: Where) -> dict:
-    """A media reference of a record: a path or URL, raw bytes, or the Hugging Face
-    ``Image`` struct ``{"bytes": ..., "path": ...}``."""
+def media_item(ref: Any, video: bool, where: Where, label: str | None = None) -> dict:
+    """A media reference of a record: a path or URL, raw bytes, the Hugging Face
+    ``Image`` struct ``{"bytes": ..., "path": ...}``, or a base64 ``data:`` URL (decoded
+    when the media are loaded, `zephon_vl.formats.inline`). `label` names the place in
+    the record for a data URL's drop details (default: the record's image/video)."""
     if isinstance(ref, dict):
         data, path = ref.get("bytes"), ref.get("path")
         if isinstance(data, (bytes, bytearray)) and data:
             return {"video": video, "data": bytes(data), "name": str(path or "embedded")}
         if isinstance(path, str) and path:
-            return {"video": video, "ref": path}
+            return media_item(path, video, where, label)
         raise bad(where, f"a media entry has neither bytes nor a path: {str(ref)[:80]}")
     if isinstance(ref, (bytes, bytearray)) and ref:
         return {"video": video, "data": bytes(ref), "name": "embedded"}
+    if is_data_url(ref):
+        return inline_item(ref, video, where,
+                           label or f"the record's {'video' if video else 'image'}")
     if isinstance(ref, str) and ref:
         return {"video": video, "ref": ref}
     raise bad(where, f"a media entry is {type(ref).__name__} {str(ref)[:60]!r}, not a path, "
@@ -292,6 +298,9 @@ class FormatReader:
     def _load(self, item: dict, where: Where) -> dict:
         if "data" in item:
             return item
+        if "inline" in item:
+            data = decode_inline(item, self.places.limits[item["video"]], where)
+            return {"video": item["video"], "data": data, "name": item["name"]}
         location = self.places.locate(item["ref"], item["video"], where)
         data = self.places.read(location, item["video"], where)
         return {"video": item["video"], "data": data, "name": item["ref"]}

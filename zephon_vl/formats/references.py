@@ -15,9 +15,10 @@ trainer happens to run in.
 A read is bounded: a referenced file must be a regular file (a FIFO or
 ``/dev/zero`` would block or never end) of at most ``max_image_bytes`` /
 ``max_video_bytes``, both checked before it is opened. Paths the operating
-system cannot open (too long, or running through a file) and ``data:`` URLs
-(not decoded yet) are drops too, so a record never stops a run with an
-``OSError``. Every drop here depends on the record and the files only, so it
+system cannot open (too long, or running through a file) are drops too, so a
+record never stops a run with an ``OSError``. A ``data:`` URL is no place: the
+record carries its bytes, decoded within the same bounds
+(`zephon_vl.formats.inline`). Every drop here depends on the record and the files only, so it
 is the same at every D and in every run.
 """
 
@@ -123,10 +124,10 @@ class MediaPlaces:
         recipe allows; else a `BadSampleError` naming `where` (nothing is read)."""
         kind = "video" if video else "image"
         if ref[:5].lower() == "data:":
-            media_type = ref[5:].split(",", 1)[0].split(";", 1)[0] or "no media type"
+            media_type = ref[5:64].split(",", 1)[0].split(";", 1)[0][:40] or "no media type"
             raise BadSampleError("unsupported_data_url", str(where), f"the {kind} is a data: "
-                                 f"URL ({media_type}, {len(ref):,} characters); data URLs "
-                                 "are not decoded: embed the bytes or name a file")
+                                 f"URL ({media_type}, {len(ref):,} characters), not a place "
+                                 "to read: its bytes are decoded from the record")
         if "\x00" in ref:  # no system call takes it (Python raises ValueError)
             raise BadSampleError("bad_media_path", str(where), f"the {kind} path "
                                  f"{_short(ref)} holds a NUL character")
