@@ -33,7 +33,7 @@ from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.relane import change_lanes
-from zephon_core.engine.runners import Runner
+from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import is_count
 from zephon_core.engine.steps import Drained, Step, StepMeta, collate_rows, lane_drops
