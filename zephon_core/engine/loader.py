@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
-from zephon_core.data.storage import storage_settings
+from zephon_core.data.storage_settings import storage_settings
 from zephon_core.engine.autoscale import sizer_for
 from zephon_core.engine.background import BackgroundSteps
 from zephon_core.engine.backlog import Backlog
