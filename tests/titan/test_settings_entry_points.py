@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_core import ConfigError, Execution, flat_settings
-from zephon_vl.cli.main import add_execution_args, execution_from
+from zephon_vl.cli.common import add_execution_args, execution_from
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.titan.dataloader import ZephonDataLoader
 from zephon_vl.titan.settings import execution_of, titan_type
