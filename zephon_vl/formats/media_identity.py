@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_core import BadSampleError, atomic_write, cache_dir, stat_shard
 from zephon_core.extend import base_name, is_remote, local_path
-from zephon_vl.formats.base import Where
+from zephon_vl.formats.records import Where
 
 if TYPE_CHECKING:
     from zephon_vl.formats.base import FormatReader
