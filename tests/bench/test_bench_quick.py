@@ -236,7 +236,7 @@ def test_grid_report_and_command(tmp_path: Path) -> None:
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
     import zephon_vl.cli.bench  # noqa: F401  (registers the command)
-    from zephon_vl.cli.main import COMMANDS
+    from zephon_vl.cli.registry import COMMANDS
 
     help_text, configure, _ = COMMANDS["bench"]
     p = argparse.ArgumentParser()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import subprocess
 import sys
 import tomllib
@@ -45,15 +46,34 @@ def test_core_imports_no_vision_or_model_library() -> None:
     assert done.stdout.strip() == "", f"zephon_core imported {done.stdout.strip()}"
 
 
+def _imports_of(sources: list[tuple[str, str]], top: str) -> list[tuple[str, int, str, str]]:
+    """``(file, line, module, name)`` of every ``from <top>... import name`` in the
+    ``(file, text)`` pairs; ``import <top>.x`` counts as the name ``*`` of module ``<top>.x``."""
+    out = []
+    for where, text in sources:
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                    node.module.split(".")[0] == top:
+                out += [(where, node.lineno, node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                out += [(where, node.lineno, a.name, "*") for a in node.names
+                        if a.name.split(".")[0] == top and a.name != top]
+    return out
+
+
 def _core_imports(paths: list[Path]) -> list[tuple[str, int, str, str]]:
     """``(file, line, module, name)`` of every ``from zephon_core... import name``."""
+    sources = [(str(path.relative_to(ROOT)), path.read_text()) for path in paths]
+    return [i for i in _imports_of(sources, "zephon_core") if i[3] != "*"]
+
+
+def _notebook_code() -> list[tuple[str, str]]:
+    """Each code cell of the walkthroughs in notebooks/ as ``(notebook[cell i], source)``."""
     out = []
-    for path in paths:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
-                    node.module.split(".")[0] == "zephon_core":
-                out += [(str(path.relative_to(ROOT)), node.lineno, node.module, a.name)
-                        for a in node.names]
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        out += [(f"{path.name}[cell {i}]", "".join(c["source"]))
+                for i, c in enumerate(cells) if c["cell_type"] == "code"]
     return out
 
 
@@ -71,3 +91,20 @@ def test_outside_code_uses_only_the_public_and_extension_names() -> None:
     bad = [f"{f}:{line}: from {m} import {n}" for f, line, m, n in _core_imports(paths)
            if n not in allowed.get(m, set())]
     assert not bad, "private core names used outside zephon_core:\n" + "\n".join(bad)
+
+
+def test_notebooks_use_only_public_names() -> None:
+    """The walkthroughs show what a user writes: names from ``zephon_core.__all__`` and
+    ``zephon_vl.__all__``, or a documented module (``zephon_vl.testing``,
+    ``zephon_vl.titan``), never the engine's modules (docs/architecture.md)."""
+    import zephon_core
+    import zephon_vl
+
+    public = {"zephon_core": set(zephon_core.__all__), "zephon_vl": set(zephon_vl.__all__)}
+    documented = ("zephon_vl.testing", "zephon_vl.titan")
+    code = _notebook_code()
+    assert code, "no notebook cells found"
+    bad = [f"{where}:{line}: {m} {n}"
+           for top in public for where, line, m, n in _imports_of(code, top)
+           if n not in public.get(m, set()) and not m.startswith(documented)]
+    assert not bad, "notebooks import names outside the public surface:\n" + "\n".join(bad)

@@ -10,7 +10,7 @@ import pytest
 
 from zephon_core import Execution, Pack
 from zephon_core.engine.plan import Plan
-from zephon_core.engine.runners import Runner
+from zephon_core.engine.runner_base import Runner
 from zephon_core.ops.contract import Transform
 from zephon_core.ops.shuffle import Shuffle
 from zephon_core.records import Element

@@ -88,7 +88,7 @@ def test_own_copy_takes_every_array_out_of_the_store():
 def test_command_line_spells_the_ray_settings():
     import argparse
 
-    from zephon_vl.cli.main import add_execution_args, execution_from
+    from zephon_vl.cli.common import add_execution_args, execution_from
 
     p = argparse.ArgumentParser()
     add_execution_args(p)

@@ -9,7 +9,8 @@ import pytest
 from tests.helpers.chaos import elements, plus_one, spin_cpu_10ms
 from zephon_core import Map
 from zephon_core.engine.processes import ProcessRunner
-from zephon_core.engine.runners import InlineRunner, ThreadRunner, timed_call
+from zephon_core.engine.runner_base import timed_call
+from zephon_core.engine.runners import InlineRunner, ThreadRunner
 from zephon_core.ops.contract import StageFn
 
 

@@ -154,7 +154,7 @@ def test_a_full_pass_in_split_mode(qwen_config):
 
 
 def test_video_frames_are_items_of_one_temporal_patch():
-    from zephon_vl.families.qwen import frame_items
+    from zephon_vl.families.common import frame_items
 
     grid = torch.tensor([[1, 4, 6], [3, 2, 2], [1, 2, 4]])
     assert frame_items(grid).tolist() == [[1, 4, 6], [1, 2, 2], [1, 2, 2], [1, 2, 2], [1, 2, 4]]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from zephon_core import ConfigError, Execution
 from zephon_core.extend import flat_settings
-from zephon_vl.cli.main import add_execution_args, execution_from
+from zephon_vl.cli.common import add_execution_args, execution_from
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.titan.dataloader import ZephonDataLoader
 from zephon_vl.titan.settings import execution_of, titan_type

@@ -15,7 +15,8 @@ import pytest
 
 from tests.helpers.formats import recipe_toml, write_images
 from zephon_core import ConfigError, Execution, Filter, Loader, NoRowsError, qwen_tokenizer_dir
-from zephon_vl.cli.main import COMMANDS, main
+from zephon_vl.cli.main import main
+from zephon_vl.cli.registry import COMMANDS
 from zephon_vl.recipes import vlm_recipe
 
 

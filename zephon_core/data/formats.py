@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from zephon_core.data.locations import is_remote
 from zephon_core.data.readers import ShardReader
-from zephon_core.data.storage import is_remote
 from zephon_core.errors import ConfigError, ZephonError
 
 Files = Sequence[str | os.PathLike]

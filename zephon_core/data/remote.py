@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from zephon_core.data.storage import FileStat, RetryPolicy, base_name, current_storage
+from zephon_core.data.locations import FileStat, base_name
+from zephon_core.data.storage_settings import RetryPolicy, current_storage
 from zephon_core.errors import BadSampleError, ConfigError, ZephonError
 
 log = logging.getLogger(__name__)

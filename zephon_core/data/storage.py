@@ -15,138 +15,40 @@ logs or fingerprints them, and URLs are never resolved as local paths.
 local file, the ETag (or mtime) for an object. An index built for one
 identity is rebuilt, or refused, when it changes.
 
-How to retry and how far to coalesce reads are execution settings
-(`zephon_core.engine.execution.Execution.retry` and ``.coalesce``): they
-change when bytes arrive, never which. The engine installs them for the
-thread that runs a stage or builds a Loader with `storage_settings`; code
-below reads them with `current_storage()`, so readers pickled into workers
-need not carry them and no fingerprint sees them.
+How to retry and how far to coalesce reads are execution settings, installed for
+a thread (`storage_settings.py`); what a location names and `FileStat` are
+`locations.py`. Both sit below this module and `remote.py`, which this module
+imports only to open a URL.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
-from zephon_core.common.settings import setting
+from zephon_core.data.locations import (
+    FileStat,
+    StoredFile,
+    base_name,
+    is_remote,
+    local_path,
+    scheme_of,
+)
+from zephon_core.data.storage_settings import (
+    Coalesce,
+    RetryPolicy,
+    StorageSettings,
+    current_storage,
+    storage_settings,
+)
 from zephon_core.errors import BadSampleError
 
-_LOCAL_SCHEMES = ("", "file")
-
-
-def scheme_of(location: str | os.PathLike) -> str:
-    """``"s3"`` for ``s3://b/k``; ``""`` for a plain path (Windows drive letters included)."""
-    text = os.fspath(location)
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep and head.isalnum() and len(head) > 1 else ""
-
-
-def is_remote(location: str | os.PathLike) -> bool:
-    """True for URLs that are not local files (``s3://``, ``https://``...)."""
-    return scheme_of(location) not in _LOCAL_SCHEMES
-
-
-def local_path(location: str | os.PathLike) -> Path:
-    """The path of a plain path or ``file://`` URL."""
-    text = os.fspath(location)
-    return Path(text[len("file://"):] if scheme_of(text) == "file" else text)
-
-
-def base_name(location: str | os.PathLike) -> str:
-    """The last path component (``shard-000001.tar``), for names in errors and fingerprints."""
-    return os.fspath(location).rstrip("/").rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long to keep retrying a failing read: backoff from `initial` doubling up to
-    `maximum` seconds between tries, until `deadline` seconds after the endpoint started
-    failing (one clock per process and endpoint, shared by all reads in flight).
-    `request_timeout` bounds one request, so a server that accepts a connection and never
-    answers counts as a failure (and is retried) instead of hanging the reader.
-    Never part of a fingerprint: retries change when a batch comes, not what it holds."""
-
-    deadline: float = setting(120.0, unit="seconds", help="keep retrying a failing read "
-                              "from a URL this long, then stop naming the shard and offset "
-                              "(never a skipped sample)")
-    initial: float = setting(0.2, unit="seconds", help="the first pause between tries")
-    maximum: float = setting(10.0, unit="seconds", help="the longest pause between tries")
-    request_timeout: float = setting(60.0, unit="seconds", help="the longest one request "
-                                     "may take before it counts as a failure")
-
-
-@dataclass(frozen=True)
-class Coalesce:
-    """How a group's samples from one remote shard are merged into range requests.
-
-    Samples of one shard whose byte ranges are at most `max_gap` bytes apart are
-    fetched with one request of at most `max_bytes` (0: one request per sample).
-    Remote requests cost milliseconds each, so reading a small gap is cheaper
-    than a second request; local files (``pread``) are never coalesced.
-    """
-
-    max_bytes: int = setting(8 << 20, unit="bytes", help="largest range request that merges "
-                             "neighbouring samples of one remote shard (0: one request per "
-                             "sample)")
-    max_gap: int = setting(1 << 20, unit="bytes", help="samples at most this far apart "
-                           "share a range request")
-
-
-@dataclass(frozen=True)
-class StorageSettings:
-    """The storage half of `Execution`, as installed for a thread (`storage_settings`)."""
-
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    coalesce: Coalesce = field(default_factory=Coalesce)
-
-
-DEFAULT_STORAGE = StorageSettings()
-_installed = threading.local()
-
-
-def current_storage() -> StorageSettings:
-    """The settings installed for this thread, else the defaults."""
-    stack = getattr(_installed, "stack", None)
-    return stack[-1] if stack else DEFAULT_STORAGE
-
-
-@contextmanager
-def storage_settings(settings: StorageSettings | None) -> Iterator[None]:
-    """Install `settings` for this thread for the duration (None: leave as is)."""
-    if settings is None:
-        yield
-        return
-    stack = _installed.__dict__.setdefault("stack", [])
-    stack.append(settings)
-    try:
-        yield
-    finally:
-        stack.pop()
-
-
-@dataclass(frozen=True, slots=True)
-class FileStat:
-    """What identifies one version of a shard: its byte size and `identity`."""
-
-    size: int
-    identity: str
-
-
-class StoredFile(Protocol):
-    """An open shard: random reads at byte offsets."""
-
-    location: str
-    size: int
-    identity: str
-
-    def read_at(self, offset: int, length: int) -> bytes: ...
-
-    def close(self) -> None: ...
+#: the names this module has always offered (`zephon_core.__all__` and `zephon_core.extend`
+#: resolve them here); they live in `locations.py` and `storage_settings.py`, below this
+#: module and `remote.py`, so that the two do not import each other
+__all__ = ["Coalesce", "FileStat", "LocalFile", "RetryPolicy", "StorageSettings", "StoredFile",
+           "StoredFileIO", "base_name", "current_storage", "is_remote", "local_path",
+           "open_shard", "read_whole", "scheme_of", "stat_shard", "storage_settings"]
 
 
 def _missing(location: str) -> BadSampleError:

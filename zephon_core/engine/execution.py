@@ -8,7 +8,7 @@ from typing import Any
 
 from zephon_core.common.settings import check_choices, from_flat, parse_items, setting, to_flat
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
-from zephon_core.data.storage import Coalesce, RetryPolicy, StorageSettings
+from zephon_core.data.storage_settings import Coalesce, RetryPolicy, StorageSettings
 from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RUNNERS, START_METHODS, RunnerKind
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Transform

@@ -25,7 +25,7 @@ from zephon_core.engine.kinds import StageKind
 from zephon_core.engine.observe import DRIVER, Span, StageEvent, StageObserver
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
-from zephon_core.engine.runners import Runner
+from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import PHASE_GATE, LaneSnapshot
 from zephon_core.engine.stall import StallGuard
 from zephon_core.errors import CheckpointError, ZephonError

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
-from zephon_core.data.storage import storage_settings
+from zephon_core.data.storage_settings import storage_settings
 from zephon_core.engine.autoscale import sizer_for
 from zephon_core.engine.background import BackgroundSteps
 from zephon_core.engine.backlog import Backlog
@@ -33,7 +33,7 @@ from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
 from zephon_core.engine.relane import change_lanes
-from zephon_core.engine.runners import Runner
+from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.state_check import is_count
 from zephon_core.engine.steps import Drained, Step, StepMeta, collate_rows, lane_drops

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from zephon_core.engine.execution import Execution
 from zephon_core.engine.kinds import RunnerKind, StageKind
 from zephon_core.engine.observe import StageStats
-from zephon_core.engine.runners import Runner, make_runner
+from zephon_core.engine.runner_base import Runner
+from zephon_core.engine.runners import make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
 

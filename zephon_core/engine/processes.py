@@ -27,7 +27,7 @@ from typing import Any
 
 from zephon_core.engine import shm
 from zephon_core.engine.kinds import RunnerKind
-from zephon_core.engine.runners import MAX_ATTEMPTS, CpuMeter, Runner
+from zephon_core.engine.runner_base import MAX_ATTEMPTS, CpuMeter, Runner
 from zephon_core.engine.workers import (
     death_advice,
     death_cause,

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RunnerKind
-from zephon_core.engine.runners import MAX_ATTEMPTS, Runner
+from zephon_core.engine.runner_base import MAX_ATTEMPTS, Runner
 from zephon_core.engine.workers import sendable_error
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn

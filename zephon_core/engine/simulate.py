@@ -30,7 +30,7 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.ledger import LedgerWriter, end_entry, reader_keys, step_entry
 from zephon_core.engine.loader import Loader
 from zephon_core.engine.plan import Plan
-from zephon_core.engine.runners import Runner
+from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.steps import lane_drops
 from zephon_core.errors import NoRowsError
 from zephon_core.ops.pack import Row

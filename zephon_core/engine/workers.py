@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 from zephon_core.engine import shm
-from zephon_core.engine.runners import timed_call
+from zephon_core.engine.runner_base import timed_call
 from zephon_core.ops.contract import StageFn
 
 #: how often an idle worker checks that its driver still exists

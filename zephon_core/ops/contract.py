@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from zephon_core.common.digest import sample_digest
-from zephon_core.data.storage import StorageSettings, storage_settings
+from zephon_core.data.storage_settings import StorageSettings, storage_settings
 from zephon_core.errors import BadSampleError, ConfigError
 from zephon_core.records import Dropped, Element, Origin
 

@@ -66,8 +66,8 @@ from typing import Any
 from zephon_core.common.deprecation import Deprecation, renamed_keys
 from zephon_core.common.settings import settings_from_table
 from zephon_core.data.formats import DatasetSpec, known_formats
+from zephon_core.data.locations import is_remote, local_path
 from zephon_core.data.sources import Phase, ShuffleSettings
-from zephon_core.data.storage import is_remote, local_path
 from zephon_core.errors import ConfigError, UnknownKeyError
 from zephon_core.ops.user import user_ops_from_tables
 from zephon_core.spec import Recipe

@@ -1,1 +1,2 @@
-"""The `zephon-vl` command line: one module per command, registered in `main`."""
+"""The `zephon-vl` command line: one module per command, each registered with
+`registry.command`; `commands` lists them, `main` parses and dispatches."""

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from zephon_core import ConfigError
-from zephon_vl.cli.main import command, positive_int
+from zephon_vl.cli.common import positive_int
+from zephon_vl.cli.registry import command
 
 #: the vision encoder's cost of one patch, in units of one LLM token (see the module doc)
 PATCH_WEIGHT = 1.0

@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 
 from zephon_core import ZephonError
-from zephon_vl.cli.main import command
+from zephon_vl.cli.registry import command
 
 
 def _harness() -> ModuleType:

@@ -5,6 +5,7 @@ from zephon_vl.cli import (  # noqa: F401
     bench,
     check_batches,
     demo,
+    digest,
     elastic,
     index,
     inspect,
@@ -12,5 +13,6 @@ from zephon_vl.cli import (  # noqa: F401
     profile,
     replay,
     shards,
+    tokenizer,
     verify,
 )

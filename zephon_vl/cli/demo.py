@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zephon_core import ElasticRun, StepRecord, batch_digest
-from zephon_vl.cli.main import (
+from zephon_vl.cli.common import (
     add_execution_args,
-    command,
     execution_from,
     positive_int,
     print_digest_table,
 )
+from zephon_vl.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

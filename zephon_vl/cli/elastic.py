@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zephon_vl.cli.main import command, positive_int, print_digest_table
+from zephon_vl.cli.common import positive_int, print_digest_table
+from zephon_vl.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

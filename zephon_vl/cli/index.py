@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from zephon_vl.cli.main import command
+from zephon_vl.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_vl.cli.main import command
+from zephon_vl.cli.registry import command
 
 #: drops kept as examples per reason
 EXAMPLES = 3

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core import RunnerKind
-from zephon_vl.cli.main import add_execution_args, command, execution_from
+from zephon_vl.cli.common import add_execution_args, execution_from
+from zephon_vl.cli.registry import command
 
 #: the runners whose stages have workers of their own in this machine, measured by CPU
 _WORKER_KINDS = (RunnerKind.THREADS, RunnerKind.PROCESSES)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from zephon_vl.cli.main import add_execution_args, command, execution_from, positive_int
+from zephon_vl.cli.common import add_execution_args, execution_from, positive_int
+from zephon_vl.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

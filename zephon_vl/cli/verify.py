@@ -12,7 +12,7 @@ import argparse
 
 from zephon_core import Ledger
 from zephon_core.extend import mixture_shares
-from zephon_vl.cli.main import command
+from zephon_vl.cli.registry import command
 
 
 def _args(p: argparse.ArgumentParser) -> None:

@@ -96,6 +96,14 @@ class ModelFamily(ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+def collate_family(recipe: Recipe) -> ModelFamily | None:
+    """The family `recipe`'s collate names (a collate of a family's layout has a ``family``
+    attribute), None for a collate of no family (text). `registry.recipe_family` reads
+    None as ``text``; the families' `check_recipe` read it here, below the registry."""
+    family = getattr(recipe.collate, "family", None)
+    return family if isinstance(family, ModelFamily) else None
+
+
 def check_token_range(tokens: Any, vocab_size: int | None) -> None:
     """Every id of `tokens` is a row of an embedding table of `vocab_size` rows."""
     if vocab_size is None or not tokens.numel():
@@ -215,10 +223,8 @@ class VisionFamily(ModelFamily):
 
     def check_recipe(self, recipe: Recipe) -> None:
         """Refuse a text-only recipe, or one built for another family."""
-        from zephon_vl.families.registry import recipe_family
-
-        got = recipe_family(recipe)
-        if not got.vision:
+        got = collate_family(recipe)
+        if got is None or not got.vision:
             raise ConfigError(f"model family {self.name!r} needs a VLM recipe; "
                               f"{recipe.name!r} is text-only (use model_format='text')")
         if got.name != self.name:

@@ -49,6 +49,7 @@ import numpy as np
 
 from zephon_core import ChatFraming, ConfigError
 from zephon_vl.families.base import TitanOptions, VisionFamily
+from zephon_vl.families.common import check_padded, pad_items, special_tokens_dict
 
 if TYPE_CHECKING:
     from zephon_vl.media.image import VisionPatches
@@ -218,8 +219,8 @@ class KimiK25(VisionFamily):
         if special.get("image_id") is None or special.get("image_id") != special.get("video_id"):
             raise ValueError(f"kimi_k2_5: special_tokens must name one placeholder for images "
                              f"and videos (image_id == video_id), got {special}")
-        _check_padded(self.name, pixels, grid, 3 * self.preset["temporal_patch_size"]
-                      * patch * patch)
+        check_padded(self.name, pixels, grid, 3 * self.preset["temporal_patch_size"]
+                     * patch * patch)
         bad = [g for g in grid.tolist() if g[1] % merge or g[2] % merge]
         if bad:
             raise ValueError(f"kimi_k2_5: grids {bad} are not divisible by the merge kernel "
@@ -231,20 +232,6 @@ class KimiK25(VisionFamily):
             raise ValueError(f"kimi_k2_5: {exc}") from None
 
 
-def _check_padded(name: str, pixels: Any, grid: Any, width: int) -> None:
-    """Padded ``[items, max_patches, width]`` pixels that hold every item's ``t*h*w`` rows."""
-    if grid is None or grid.ndim != 2 or grid.shape[1] != 3:
-        raise ValueError(f"{name}: grid_thw must be [items, 3], got "
-                         f"{None if grid is None else tuple(grid.shape)}")
-    if pixels.ndim != 3 or pixels.shape[0] != grid.shape[0] or pixels.shape[2] != width:
-        raise ValueError(f"{name}: pixel_values must be [{grid.shape[0]} items, patches, "
-                         f"{width}], got {tuple(pixels.shape)}")
-    longest = int(grid.prod(-1).max()) if grid.shape[0] else 0
-    if longest > pixels.shape[1]:
-        raise ValueError(f"{name}: an item of {longest} patches does not fit the padded "
-                         f"pixel_values of {pixels.shape[1]} patches an item")
-
-
 def to_kimi_k2_5(batch: dict[str, Any], pad_id: int, merge: int = 2) -> dict[str, Any]:
     """zephon ``VLCollate`` output (no labels) -> ``input`` + ``KimiK25Model.forward`` kwargs.
 
@@ -252,8 +239,6 @@ def to_kimi_k2_5(batch: dict[str, Any], pad_id: int, merge: int = 2) -> dict[str
     ``pixel_values``, zero-padded per item, in zephon's order (the order of
     the placeholder runs).
     """
-    from zephon_vl.families.qwen import pad_items, special_tokens_dict
-
     if "pixel_frames" in batch:
         raise ValueError("this batch holds uint8 frames (ImageSettings(normalize='device')); "
                          "move it with zephon_vl.to_device(batch, device) first")

@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_vl.families.base import TitanOptions
+from zephon_vl.families.common import check_padded, frame_items, pad_items, special_tokens_dict
 from zephon_vl.families.qwen import QwenTokenFamily
 
 
@@ -60,8 +61,6 @@ class MuseGlimmer(QwenTokenFamily):
         divisible by the pixel shuffle, patch rows of 2*3*14*14 values, and as many
         ``image_id`` tokens as the encoder gives (``sum (h/2)(w/2)``)."""
         super().check_model_inputs(inputs, vocab_size)
-        from zephon_vl.families.kimi import _check_padded
-
         f, patch = self.preset["merge_size"], self.preset["patch_size"]
         tokens, special = inputs["input"], inputs.get("special_tokens") or {}
         if inputs.get("pixel_values_videos") is not None or \
@@ -87,8 +86,8 @@ class MuseGlimmer(QwenTokenFamily):
         if bool((grid[:, 1:] % f != 0).any()):
             raise ValueError(f"muse_glimmer: grid h/w {grid[:, 1:].tolist()} not divisible by "
                              f"the pixel shuffle's downsample_factor {f}")
-        _check_padded(self.name, pixels, grid,
-                      3 * self.preset["temporal_patch_size"] * patch * patch)
+        check_padded(self.name, pixels, grid,
+                     3 * self.preset["temporal_patch_size"] * patch * patch)
         want = int(((grid[:, 1] // f) * (grid[:, 2] // f)).sum())
         if found != want:
             raise ValueError(f"muse_glimmer: {found} image_id placeholders but the encoder "
@@ -100,8 +99,6 @@ def to_muse_glimmer(batch: dict[str, Any], pad_id: int, merge: int = 2) -> dict[
     kwargs: a video of grid ``(t, h, w)`` becomes ``t`` items of grid ``(1, h, w)`` (its
     rows are t-major) and its placeholders ``image_id``."""
     import torch
-
-    from zephon_vl.families.qwen import frame_items, pad_items, special_tokens_dict
 
     if "pixel_frames" in batch:
         raise ValueError("this batch holds uint8 frames (ImageSettings(normalize='device')); "

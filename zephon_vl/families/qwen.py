@@ -71,6 +71,7 @@ import numpy as np
 from zephon_core import ChatFraming, ConfigError
 from zephon_core.extend import chatml_turn
 from zephon_vl.families.base import TitanOptions, VisionFamily
+from zephon_vl.families.common import frame_items, pad_items, special_tokens_dict
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +85,9 @@ QWEN3_5_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
 QWEN3_5_MEAN_STD = (0.5, 0.5, 0.5)
 #: The system turn Qwen2-VL's and Qwen2.5-VL's chat template adds to a chat without one.
 QWEN_SYSTEM_PROMPT = "You are a helpful assistant."
+#: Qwen3.5's vocabulary size (its embedding rows): holds every id of the Qwen tokenizer, so
+#: the debug models and TorchTitan configs built for zephon's batches take it.
+QWEN_VOCAB = 248320
 #: TorchTitan's qwen3_5 dataloader ``min_pixels`` (``models/qwen3_5/config_registry.py``).
 QWEN3_5_MIN_PIXELS = 65536
 
@@ -176,12 +180,6 @@ SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id",
                 "vision_end_token_id")
 
 
-def special_tokens_dict(batch: dict[str, Any], pad_id: int) -> dict[str, int]:
-    return {"image_id": int(batch["image_token_id"]), "video_id": int(batch["video_token_id"]),
-            "vision_start_id": int(batch["vision_start_token_id"]),
-            "vision_end_id": int(batch["vision_end_token_id"]), "pad_id": int(pad_id)}
-
-
 def _item_kinds(tokens: torch.Tensor, grid_thw: torch.Tensor, merge: int,
                 image_id: int, video_id: int) -> list[bool]:
     """For each vision item (in zephon's order), True when it is a video.
@@ -202,41 +200,6 @@ def _item_kinds(tokens: torch.Tensor, grid_thw: torch.Tensor, merge: int,
         kinds.append(bool(flat[where[offset]] == video_id))
         offset += n
     return kinds
-
-
-def frame_items(grid_thw: torch.Tensor) -> torch.Tensor:
-    """Each item of grid ``(t, h, w)`` as ``t`` items of grid ``(1, h, w)``, in order.
-
-    TorchTitan's ``qwen3_5`` forward finds one placeholder run per item
-    (``get_vision_positions``), while a Qwen3.5 video is one run per temporal
-    patch; handing it the frames as items makes the two agree. The flat patch
-    rows need no change (an item's rows are ordered by temporal patch first),
-    and the vision encoder then attends within each frame, as transformers'
-    Qwen3.5 vision model does (``cu_seqlens`` per temporal patch).
-    """
-    import torch
-
-    frames = torch.repeat_interleave(grid_thw, grid_thw[:, 0], dim=0)
-    frames[:, 0] = 1
-    return frames
-
-
-def pad_items(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
-              merge: int) -> torch.Tensor:
-    """Flat ``[patches, D]`` -> ``[items, max_patches, D]`` zero-padded per item."""
-    sizes = grid_thw.prod(-1).tolist()
-    unit = merge * merge
-    longest = max(sizes)
-    longest = -(-longest // unit) * unit
-    out = pixel_values.new_zeros(len(sizes), longest, pixel_values.shape[-1])
-    offset = 0
-    for i, n in enumerate(sizes):
-        out[i, :n] = pixel_values[offset:offset + n]
-        offset += n
-    if offset != pixel_values.shape[0]:
-        raise ValueError(f"zephon batch is inconsistent: {pixel_values.shape[0]} patch rows "
-                         f"but grid_thw accounts for {offset}")
-    return out
 
 
 def mrope_positions(tokens: torch.Tensor, positions: torch.Tensor, grid_thw: torch.Tensor,

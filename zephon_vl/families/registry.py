@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zephon_core import ConfigError
-from zephon_vl.families.base import ModelFamily, VisionFamily
+from zephon_vl.families.base import ModelFamily, VisionFamily, collate_family
 from zephon_vl.families.kimi import KimiK25
 from zephon_vl.families.muse import MuseGlimmer
 from zephon_vl.families.qwen import QwenVL
@@ -69,5 +69,5 @@ def vision_family(family: str | VisionFamily) -> VisionFamily:
 def recipe_family(recipe: Recipe) -> ModelFamily:
     """The family `recipe`'s batches are laid out for: the one its collate names (a
     collate of a family's layout has a ``family`` attribute), else ``text``."""
-    family = getattr(recipe.collate, "family", None)
-    return family if isinstance(family, ModelFamily) else get_family("text")
+    family = collate_family(recipe)
+    return family if family is not None else get_family("text")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zephon_core import ConfigError
-from zephon_vl.families.base import ModelFamily, TitanOptions
+from zephon_vl.families.base import ModelFamily, TitanOptions, collate_family
 
 if TYPE_CHECKING:
     from zephon_core import Recipe
@@ -18,10 +18,8 @@ class TextFamily(ModelFamily):
 
     def check_recipe(self, recipe: Recipe) -> None:
         """Text recipes only: a VLM recipe's rows hold images a text model would never see."""
-        from zephon_vl.families.registry import recipe_family
-
-        got = recipe_family(recipe)
-        if got.vision:
+        got = collate_family(recipe)
+        if got is not None and got.vision:
             raise ConfigError(
                 f"recipe {recipe.name!r} is a VLM recipe (model family {got.name!r}): "
                 "model_format='text' would leave its images out of every batch and keep "

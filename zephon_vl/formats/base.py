@@ -32,24 +32,12 @@ from typing import Any
 from zephon_core import BadSampleError, ConfigError, DatasetSpec
 from zephon_core.extend import ROLES, base_name, known_formats, option_path
 from zephon_vl.formats.inline import decode_inline, inline_item, is_data_url
-from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles
+from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles, Where
 from zephon_vl.formats.references import OPTIONS as REFERENCE_OPTIONS
 from zephon_vl.formats.references import MediaPlaces
 
 #: placeholders a text may carry for the next image or video of its record
 PLACEHOLDER = re.compile(r"<image>|<video>")
-
-
-class Where:
-    """A record's address for drops and errors: ``file:key``."""
-
-    __slots__ = ("file", "index", "key")
-
-    def __init__(self, file: str, index: int, key: str) -> None:
-        self.file, self.index, self.key = file, index, key
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.key}"
 
 
 def bad(where: Where, detail: str, reason: str = "bad_record") -> BadSampleError:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon_core import BadSampleError
 from zephon_core.extend import atomic_write, base_name, cache_dir, is_remote, local_path, stat_shard
-from zephon_vl.formats.base import Where
+from zephon_vl.formats.records import Where
 
 if TYPE_CHECKING:
     from zephon_vl.formats.base import FormatReader

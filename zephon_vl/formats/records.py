@@ -202,6 +202,19 @@ def load_json_offsets(location: str, cache_dir: str | Path | None = None) -> np.
     return offsets
 
 
+class Where:
+    """A record's address for drops and errors: ``file:key`` (here, below `base.py`, so that
+    `media_identity.py` names records without importing the format base)."""
+
+    __slots__ = ("file", "index", "key")
+
+    def __init__(self, file: str, index: int, key: str) -> None:
+        self.file, self.index, self.key = file, index, key
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.key}"
+
+
 @dataclass(frozen=True)
 class RecordEntry:
     """One record file as a record manifest lists it: enough to plan, fingerprint and

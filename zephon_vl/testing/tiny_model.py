@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-#: The qwen3_5 debug model's vocabulary size; holds every id of the Qwen tokenizer.
-QWEN_VOCAB = 248320
+from zephon_vl.families.qwen import QWEN_VOCAB
+
 #: The debug models `build_model` builds: TorchTitan's names of them.
 FLAVORS = ("llama3", "qwen3_5", "kimi_k2_5", "muse_glimmer")
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from torchtitan.trainer import Trainer
 
 from zephon_core import qwen_tokenizer_dir
-from zephon_vl.testing.tiny_model import QWEN_VOCAB
+from zephon_vl.families.qwen import QWEN_VOCAB
 from zephon_vl.titan.dataloader import ZephonDataLoader
 from zephon_vl.titan.trainer import ZephonTrainer, zephon_trainer_config
 
