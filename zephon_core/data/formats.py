@@ -168,6 +168,8 @@ _FORMATS: dict[str, DataFormat | str] = {
     "parquet": "zephon_vl.formats.hf_parquet:HFParquetFormat",
     "messages": "zephon_vl.formats.messages:MessagesFormat",
     "obelics": "zephon_vl.formats.obelics:ObelicsFormat",
+    "mds": "zephon_vl.formats.mds:MDSFormat",
+    "litdata": "zephon_vl.formats.litdata:LitDataFormat",
 }
 
 
@@ -266,13 +268,13 @@ def dataset_reader(value: Any, index_cache: str | None = None,
     spec = as_spec(value)
     if not spec.file_list:
         raise ConfigError("a dataset needs at least one file")
+    name = dataset_format(spec)
+    fmt = data_format(name)
     folders = [f for f in spec.file_list if not is_remote(f) and os.path.isdir(f)]
-    if folders:
+    if folders and not getattr(fmt, "reads_folders", False):  # mds, litdata: a folder
         raise ConfigError(f"{folders[0]!r} is a folder; a dataset lists its files "
                           "(.tar shards, .jsonl/.json or .parquet files), or one manifest "
                           "from `zephon-vl index`")
-    name = dataset_format(spec)
-    fmt = data_format(name)
     if allowed is not None and name not in allowed:
         raise ConfigError(f"format {name!r} has images or videos; this recipe kind reads "
                           f"{', '.join(allowed)} only (use kind = \"vlm\")")
