@@ -117,7 +117,8 @@ def write_mds(recs: list[dict], folder: Path) -> None:
         "mds-path": ({"id": "str", "image": "str", "conversations": "json"}, "path"),
     }
     for name, (columns, kind) in cases.items():
-        with MDSWriter(out=str(folder / name), columns=columns, size_limit=LIMITS.get(kind, 1 << 13),
+        limit = LIMITS.get(kind, 1 << 13)
+        with MDSWriter(out=str(folder / name), columns=columns, size_limit=limit,
                        hashes=["sha1", "xxh64"]) as out:
             for r in recs:
                 if kind == "jpeg" and not r["image"].endswith(".jpg"):

@@ -41,7 +41,7 @@ CASES: dict[str, dict] = {
                                            "messages": "chat"}},
     "mds-pil": {"format": "mds"},
     "mds-bytes": {"format": "mds"},
-    "mds-path": {"format": "mds", "image_folder": str(FIXTURES / "images")},
+    "mds-path": {"format": "mds", "image_folder": "images"},  # under the copy's root
     "litdata-jpeg": {"format": "litdata"},
     "litdata-chat": {"format": "litdata"},
 }
@@ -49,8 +49,23 @@ CASES: dict[str, dict] = {
 DIGEST_CASES = ["mds-jpeg", "mds-png", "litdata-jpeg", "litdata-chat"]
 
 
-def table(name: str, root: Path = FIXTURES) -> dict:
-    return {"name": name.replace("-", "_"), "files": [str(root / name)], **CASES[name]}
+@pytest.fixture(scope="module", autouse=True)
+def root(tmp_path_factory) -> Path:
+    """A copy of the fixtures: reading writes offset and media caches beside the files."""
+    global ROOT
+    ROOT = tmp_path_factory.mktemp("containers") / "data"
+    shutil.copytree(FIXTURES, ROOT)
+    return ROOT
+
+
+ROOT = FIXTURES
+
+
+def table(name: str) -> dict:
+    t = {"name": name.replace("-", "_"), "files": [str(ROOT / name)], **CASES[name]}
+    if "image_folder" in t:
+        t["image_folder"] = str(ROOT / t["image_folder"])
+    return t
 
 
 def spec_of(t: dict) -> DatasetSpec:
@@ -59,8 +74,8 @@ def spec_of(t: dict) -> DatasetSpec:
 
 
 def llava_spec() -> DatasetSpec:
-    return DatasetSpec([str(FIXTURES / "llava.json")], "llava", {},
-                       {"image_folder": str(FIXTURES / "images")})
+    return DatasetSpec([str(ROOT / "llava.json")], "llava", {},
+                       {"image_folder": str(ROOT / "images")})
 
 
 def record_id(reader, shard: int, index: int) -> str:
@@ -166,7 +181,7 @@ def test_samples_have_the_tokens_and_pixels_of_their_llava_twin(name) -> None:
 
 def copy_case(name: str, tmp_path: Path) -> tuple[Path, list[Path]]:
     folder = tmp_path / name
-    shutil.copytree(FIXTURES / name, folder)
+    shutil.copytree(ROOT / name, folder)
     index = json.loads((folder / "index.json").read_text())
     entries = index["shards"] if name.startswith("mds") else index["chunks"]
     names = [e["raw_data"]["basename"] if "raw_data" in e else e["filename"] for e in entries]
@@ -269,7 +284,7 @@ def test_s3_folders_give_the_local_samples() -> None:
     with s3_server() as server:
         server.upload("zephon-containers", [])
         for name in ("mds-png", "litdata-chat"):
-            for path in sorted((FIXTURES / name).iterdir()):
+            for path in sorted((FIXTURES / name).iterdir()):  # the committed files only
                 server.put(f"s3://zephon-containers/{name}/{path.name}", path.read_bytes())
             local = dataset_reader(spec_of(table(name)))
             remote = dataset_reader(spec_of({**table(name),
