@@ -300,3 +300,37 @@ def test_s3_folders_give_the_local_samples() -> None:
                         continue
                     got = remote.read(s, i)
                     assert got["media"] == want["media"] and got["turns"] == want["turns"]
+
+
+@pytest.mark.parametrize("name", ["mds-jpeg", "litdata-jpeg"])
+def test_a_resume_on_rewritten_data_is_refused_naming_the_shard(name, tmp_path) -> None:
+    """The same sizes, other contents (the writer's index says so): a checkpoint of the old
+    data is refused, naming the shard, not resumed on other samples."""
+    from zephon_core import CheckpointError, batch_digest, load_recipe
+
+    folder, shards = copy_case(name, tmp_path)
+    toml = recipe_toml(tmp_path / "r.toml", [{**table(name), "files": [str(folder)]}],
+                       seq_len=256, global_batch_size=4)
+    with Loader(load_recipe(str(toml)), 0, 1, INLINE) as loader:
+        for _ in range(2):
+            batch_digest(loader.recipe.collate(loader.next_rows()))
+        state = loader.state_dict()
+    index = json.loads((folder / "index.json").read_text())
+    if name.startswith("mds"):  # a rewrite with the same byte count: other hashes
+        index["shards"][1]["raw_data"]["hashes"]["sha1"] = "0" * 40
+    else:  # litdata records no hashes: another layout of the same bytes
+        index["config"]["data_format"][0] = "text"
+    (folder / "index.json").write_text(json.dumps(index))
+    with Loader(load_recipe(str(toml)), 0, 1, INLINE) as loader:
+        with pytest.raises(CheckpointError, match=shards[1].name if name.startswith("mds")
+                           else shards[0].name):
+            loader.load_state_dict(state)
+
+
+def test_compressed_shards_are_refused_saying_how_to_write_them(tmp_path) -> None:
+    folder, _ = copy_case("mds-jpeg", tmp_path)
+    index = json.loads((folder / "index.json").read_text())
+    index["shards"][0]["compression"] = "zstd:7"
+    (folder / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match="compressed with 'zstd:7'.*compression=None"):
+        dataset_reader(spec_of({**table("mds-jpeg"), "files": [str(folder)]}))

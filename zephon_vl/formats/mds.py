@@ -101,6 +101,10 @@ class MDSRecords(ContainerRecords):
             if entry["format"] != "mds":
                 raise ConfigError(f"{where}: a shard of format {entry['format']!r}; format "
                                   "'mds' reads MDS shards only")
+            if entry.get("compression"):
+                raise ConfigError(f"{where}: shards compressed with {entry['compression']!r}; "
+                                  "format 'mds' reads uncompressed shards (write them with "
+                                  "compression=None)")
             raw = entry["raw_data"]
             names, encodings = list(entry["column_names"]), list(entry["column_encodings"])
             sizes = list(entry["column_sizes"])
