@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
 
 
@@ -66,7 +67,7 @@ class LaneView(Protocol):
 
 class LaneHook:
     """One optional concern of a lane. Every method is a no-op here: a hook overrides only
-    the events it cares about, and the lane calls only those (`LaneHooks`).
+    the events it cares about (in its class), and the lane calls only those (`LaneHooks`).
 
     Events, in the order a lane meets them for one element: `may_draw` (before each
     draw; False: not now), `drew`, `digest` and `document` (a transform's output),
@@ -115,7 +116,7 @@ class LaneHook:
     def dropped(self, origin: Origin, reason: str) -> None:
         """The lane recorded a drop."""
 
-    def row(self, lane: LaneView, row: Any) -> None:
+    def row(self, lane: LaneView, row: Row) -> None:
         """The lane made `row` (a hook may annotate it: the digest book sets its digests)."""
 
     def stage_done(self, lane: int, stage: int, name: str, runner: str, start: float,
@@ -190,7 +191,7 @@ class LaneHooks:
         for fn in self._on["dropped"]:
             fn(origin, reason)
 
-    def row(self, lane: LaneView, row: Any) -> None:
+    def row(self, lane: LaneView, row: Row) -> None:
         for fn in self._on["row"]:
             fn(lane, row)
 

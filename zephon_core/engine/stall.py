@@ -10,11 +10,9 @@ drops, rows and what the combiner took.
 
 from __future__ import annotations
 
-from typing import Any
-
 from zephon_core.engine.lane_hooks import LaneHook, LaneView
 from zephon_core.errors import NoRowsError
-from zephon_core.ops.contract import CombinerOp
+from zephon_core.ops.contract import CombinerOp, Row
 from zephon_core.records import Origin
 
 #: the drop reason of a sample longer than a row (the combiner's hint says what to change)
@@ -45,7 +43,7 @@ class StallGuard(LaneHook):
         """Elements drawn since the lane's last row."""
         return self._draws
 
-    def row(self, lane: LaneView, row: Any) -> None:
+    def row(self, lane: LaneView, row: Row) -> None:
         """The lane made a row."""
         self._draws = 0
 
