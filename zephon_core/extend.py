@@ -114,6 +114,9 @@ _EXPORTS: dict[str, str] = {
     "parse_state": "zephon_core.engine.state_check",
     "shard_samples": "zephon_core.engine.state_check",
     "LaneSnapshot": "zephon_core.engine.snapshot",
+    # a lane concern of your own (`Loader(lane_hooks=...)`, docs/architecture.md)
+    "LaneHook": "zephon_core.engine.lane_hooks",
+    "LaneView": "zephon_core.engine.lane_hooks",
     "combiner_state": "zephon_core.engine.snapshot",
     "mixture_shares": "zephon_core.engine.ledger",
     "lane_entries": "zephon_core.engine.ledger",

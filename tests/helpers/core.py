@@ -241,7 +241,7 @@ class World:
 
     def __init__(self, spec: Spec, D: int, execution: Execution | None = None,
                  shared_runners: bool = False, state: dict | None = None,
-                 observer: Any = None) -> None:
+                 observer: Any = None, lane_hooks: Any = None) -> None:
         from zephon_core import Execution, Loader
         from zephon_core.engine.plan import Plan
 
@@ -254,7 +254,8 @@ class World:
         try:
             for d in range(D):
                 self.loaders.append(Loader(self.recipe, d, D, self.execution,
-                                           runners=self.runners, observer=observer))
+                                           runners=self.runners, observer=observer,
+                                           lane_hooks=lane_hooks))
             if state is not None:
                 for loader in self.loaders:
                     loader.load_state_dict(state)

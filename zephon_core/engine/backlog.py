@@ -20,6 +20,10 @@ Bytes are counted when a payload is finished and uncounted when its arrays
 are garbage (a `weakref.finalize` per array), so the count follows what is
 really held, wherever the references went (a prefetched batch, a row kept by
 the caller of `Loader.next_rows`).
+
+One `Backlog` serves every lane of a rank as a lane hook (`engine.lane_hooks`):
+it vetoes a lane's draw (`may_draw`) and counts each finished document
+(`document`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from zephon_core.common.leaves import iter_leaves
+from zephon_core.engine.lane_hooks import LaneHook, LaneView
+from zephon_core.records import Origin
 
 #: arrays smaller than this are not worth a finalizer (shm.MIN_BYTES: they travel pickled)
 MIN_TRACKED = 4096
@@ -47,7 +53,7 @@ def _is_array(obj: Any) -> bool:
     return isinstance(obj, np.ndarray)
 
 
-class Backlog:
+class Backlog(LaneHook):
     """The finished documents of one rank's lanes: bytes held now, at peak, and the bound.
 
     `limit` None counts without limiting. Read `held`, `peak` and `largest`
@@ -119,6 +125,12 @@ class Backlog:
         else:  # nothing finished yet, so no size to price the in-flight work at: one group
             fits = in_transforms < self.first_group
         return fits or (needy and own_count < self.first_group)
+
+    def may_draw(self, lane: LaneView) -> bool:
+        return self.admits(lane.transforming, lane.needy())
+
+    def document(self, origin: Origin, payload: Any) -> None:
+        self.track(payload)
 
 
 def _release(counted: dict[int, int], freed: deque[int], key: int) -> None:

@@ -32,6 +32,7 @@ from zephon_core.engine.metrics import WAIT_WARN_SHARE, LoaderMetrics, recorder_
 from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.plan import Plan
+from zephon_core.engine.rank_hooks import LaneHookFactory, RankHooks
 from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
@@ -85,6 +86,9 @@ class Loader(BackgroundSteps):
     loop (None: never). `stage_metrics=False` leaves the stages unobserved
     (no per-stage busy time, two clock reads and a tuple less per group of
     each stage; see docs/observability.md). None of them changes a batch.
+
+    `lane_hooks(lane)` gives each lane hooks of the caller's own (`LaneHook`,
+    docs/architecture.md "To add a lane concern"), after the built-in ones.
     """
 
     def __init__(self, recipe: Recipe, dp_rank: int = 0, dp_world_size: int = 1,
@@ -95,9 +99,10 @@ class Loader(BackgroundSteps):
                  on_metrics: Callable[[LoaderMetrics], None] | None = None,
                  metrics_every: int = 100,
                  wait_warn_share: float | None = WAIT_WARN_SHARE,
-                 stage_metrics: bool = True) -> None:
+                 stage_metrics: bool = True, lane_hooks: LaneHookFactory | None = None) -> None:
         self.recipe = recipe
         self.observer = observer
+        self.lane_hooks = lane_hooks
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.lanes = recipe.lanes_of(dp_rank, dp_world_size)
@@ -170,19 +175,23 @@ class Loader(BackgroundSteps):
     def _build_lanes(self, snapshots: dict[int, dict] | None) -> None:
         r = self.recipe
         self._runs = []
+        #: with a mixture schedule: each lane's phase gate (the ledger names phases)
+        self._gates: dict[int, PhaseGate] = {}
         self._warming = True
         schedule = r.schedule()
+        budget = self.plan.prefetch * self.execution.group_size
+        hooks = RankHooks(self.backlog, budget if self.digests else None, self._spans,
+                          self.observer, self.lane_hooks)
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs, schedule=schedule[1] if schedule else None)
-            gate = (PhaseGate([self.batches.rows_before(s) for s in schedule[0]], r.phase_lag,
-                              r.mix_by == "tokens", len(r.datasets))
-                    if schedule else None)
-            if gate is not None and gate.tokens:
-                src.token_estimate = gate.token_estimate
+            if schedule:
+                starts = [self.batches.rows_before(s) for s in schedule[0]]
+                self._gates[lane] = PhaseGate(src, starts, r.phase_lag, r.mix_by == "tokens",
+                                              len(r.datasets))
             run = LaneRun(lane, self.plan, self.runners, src, r.seed, self.batches.r_at(0),
-                          self.observer, self.backlog, gate,
-                          None if self.batches.static else self.batches, self._spans)
+                          hooks.for_lane(lane, self._gates.get(lane)),
+                          None if self.batches.static else self.batches)
             if snapshots is not None:
                 run.restore(snapshots[lane])
             self._runs.append(run)
@@ -273,7 +282,7 @@ class Loader(BackgroundSteps):
                         [[(s.origin, s.start, s.end) for s in row.segments] for row in rows],
                         drops)
         if self.digests:
-            phase_of = ({run.lane: run.phase_of for run in self._runs if run.phase_of}
+            phase_of = ({lane: gate.phase_of for lane, gate in self._gates.items()}
                         if self.recipe.schedule() else None)
             meta.ledger = lane_entries(self.lanes, r, rows, self._keys, phase_of)
         self._produced += 1

@@ -6,7 +6,8 @@ An observer is any callable that takes a `StageEvent` (pass it as
 have used the results the event describes, and give it only counts, times
 and origins, never payloads: an observer cannot change a batch, only slow
 the loader by its own cost. An exception it raises stops the loader like any
-other error.
+other error. Inside a lane an observer is a lane hook (`ObserverHook`), as is
+the metrics' span log (`SpanHook`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from zephon_core.engine.lane_hooks import LaneHook
 from zephon_core.records import Origin
 
 DRIVER = "driver"
@@ -57,6 +59,32 @@ class StageEvent(NamedTuple):
 
 
 StageObserver = Callable[[StageEvent], None]
+
+
+class ObserverHook(LaneHook):
+    """Gives a `StageObserver` a `StageEvent` for every group through every stage."""
+
+    watches = True
+
+    def __init__(self, observer: StageObserver) -> None:
+        self._observer = observer
+
+    def stage_done(self, lane: int, stage: int, name: str, runner: str, start: float,
+                   end: float, origins: list[Origin]) -> None:
+        self._observer(StageEvent(lane, stage, name, runner, start, end, tuple(origins)))
+
+
+class SpanHook(LaneHook):
+    """Gives the metrics' event log a `Span` per group: cheaper than a `StageEvent`."""
+
+    watches = True
+
+    def __init__(self, spans: Callable[[Span], None]) -> None:
+        self._spans = spans
+
+    def stage_done(self, lane: int, stage: int, name: str, runner: str, start: float,
+                   end: float, origins: list[Origin]) -> None:
+        self._spans((stage, start, end, len(origins)))
 
 
 @dataclass

@@ -27,6 +27,11 @@ first after finishing row ``B - 1``, and all of it is independent of `D`,
 runners, prefetch and timing. `lag` is a recipe setting: the number of draws
 the lane may have in flight while a phase change is pending (0: exact, but
 one element at a time until the last phase has begun).
+
+The gate is a lane hook (`engine.lane_hooks`): it vetoes draws (`may_draw`),
+follows triggers through the accumulators (`cut`, `released`) and records
+what reached the combiner (`reached_combiner`, `refused`); its state is its
+slice of the lane snapshot, under ``phase_gate``.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ from collections import deque
 from typing import Any
 
 from zephon_core.data.sources import LaneSource
+from zephon_core.engine.lane_hooks import LaneHook, LaneView
 from zephon_core.records import Origin
 
 
-class PhaseGate:
+class PhaseGate(LaneHook):
     """One lane's phase decisions; `start_rows[p]` is the lane row at which phase `p` starts.
+    It starts the phases of `source` (the lane's).
 
     With `tokens` (``mix_by = "tokens"``) it also keeps, per dataset, the tokens
     and samples of the current phase's draws that are *settled* (triggered by a
@@ -48,8 +55,13 @@ class PhaseGate:
     dataset's settled mean (1 token before any is known).
     """
 
-    def __init__(self, start_rows: list[int], lag: int, tokens: bool = False,
-                 num_datasets: int = 0) -> None:
+    state_key = "phase_gate"
+
+    def __init__(self, source: LaneSource, start_rows: list[int], lag: int,
+                 tokens: bool = False, num_datasets: int = 0) -> None:
+        self.source = source
+        if tokens:
+            source.token_estimate = self.token_estimate
         self.start_rows = start_rows
         self.lag = lag
         self.tokens = tokens
@@ -92,10 +104,13 @@ class PhaseGate:
                 self.tau[o] = t
         return outs
 
-    def at_combiner(self, o: Origin, rows: int, tokens: int = 0) -> None:
-        self.entries.append((self.tau.pop(o, o.seq), rows, self.phase_of(o), o.dataset, tokens))
+    def reached_combiner(self, lane: LaneView, origin: Origin, tokens: int) -> None:
+        """Record the element's trigger, the rows made before it, its phase and tokens."""
+        trigger = self.tau.pop(origin, origin.seq)
+        self.entries.append((trigger, lane.rows_made, self.phase_of(origin), origin.dataset,
+                             tokens))
 
-    def refused(self) -> None:
+    def refused(self, origin: Origin) -> None:
         """The combiner dropped the element it just took: it brings no tokens."""
         t, rows, phase, ds, _ = self.entries[-1]
         self.entries[-1] = (t, rows, phase, ds, 0)
@@ -109,9 +124,12 @@ class PhaseGate:
                 self.settled_samples[ds] += 1
         return entries[0][1] if entries else rows_now
 
-    def may_draw(self, source: LaneSource, rows_now: int, lowest_moving: int | None) -> bool:
+    def may_draw(self, lane: LaneView) -> bool:
         """Start the phases that are due and settle token counts; False while the next
         draw's phase (or token estimate) is not known."""
+        source, rows_now = self.source, lane.rows_made
+        # each queue between stages is in trigger order, so only its head counts
+        lowest_moving = min((self.trigger(o) for o in lane.moving_heads()), default=None)
         st = source.state
         while st.phase + 1 < len(self.start_rows) or self.tokens:
             m = st.draws - 1 - self.lag

@@ -17,7 +17,7 @@ from typing import Any
 from zephon_core.data.readers import sample_key_of, shard_lengths
 from zephon_core.data.sources import DatasetOrder
 from zephon_core.engine.execution import Execution
-from zephon_core.engine.lane import element_key
+from zephon_core.engine.lane_queues import element_key
 from zephon_core.engine.plan import Plan
 from zephon_core.errors import BadSampleError
 from zephon_core.ops.contract import StageFn

@@ -10,7 +10,10 @@ A snapshot holds origins, never payloads: ``pending`` are the elements on
 their way to each stateful operator (named by its position in the recipe,
 which no execution choice changes), ``accumulators`` and ``combiner`` the
 operators' own states (each checks its own, `StatefulOp.check_state`),
-``drops`` the drops not yet reported with a row.
+``drops`` the drops not yet reported with a row. Beside these, each lane hook
+with state (`engine.lane_hooks.LaneHook.state_key`) has its slice under its own
+key (the phase gate's is ``phase_gate``): the snapshot keeps the slices
+without reading them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_core.data.sources import SourceState
+from zephon_core.engine.phases import PhaseGate
 from zephon_core.engine.state_check import LaneChecker, OpChecks, is_count
 from zephon_core.records import Origin
 
@@ -39,10 +43,12 @@ DROPPED = "dropped"
 #: the lane a snapshot belongs to (set when a global state is made, `checkpoint.make_state`)
 LANE = "lane"
 #: with a mixture schedule: the phase gate's state (`engine.phases.PhaseGate`)
-PHASE_GATE = "phase_gate"
+PHASE_GATE = PhaseGate.state_key
 
 REQUIRED = (SOURCE, SOURCE_DONE, ROWS, PENDING, ACCUMULATORS, COMBINER, FLUSHED, DROPS, DROPPED,
             LANE)
+#: every key of the lane's own schema; any other key is a hook's slice
+SCHEMA = frozenset((*REQUIRED, OLD_COMBINER, DROP_DETAILS))
 
 
 @dataclass
@@ -67,7 +73,8 @@ class LaneSnapshot:
     dropped: dict[str, int]
     #: the detail of a pending drop, by origin (written only when there is one)
     drop_details: dict[Origin, str] = field(default_factory=dict)
-    phase_gate: dict | None = None
+    #: the lane hooks' slices, by their `state_key` (as JSON data)
+    hooks: dict[str, Any] = field(default_factory=dict)
     lane: int | None = None
 
     def to_json(self) -> dict:
@@ -86,8 +93,11 @@ class LaneSnapshot:
             out[DROP_DETAILS] = [[*o, self.drop_details[o]] for o, _ in self.drops
                                  if o in self.drop_details]
         out[DROPPED] = dict(sorted(self.dropped.items()))
-        if self.phase_gate is not None:
-            out[PHASE_GATE] = self.phase_gate
+        clash = sorted(set(self.hooks) & SCHEMA)
+        if clash:
+            raise ValueError(f"a lane hook's state_key {clash[0]!r} is a key of the lane "
+                             "snapshot itself: give the hook a key of its own")
+        out.update(self.hooks)
         if self.lane is not None:
             out[LANE] = self.lane
         return out
@@ -106,7 +116,7 @@ class LaneSnapshot:
             drops=[(Origin(*x[:5]), str(x[5])) for x in d[DROPS]],
             dropped={str(k): int(v) for k, v in d[DROPPED].items()},
             drop_details={Origin(*x[:5]): str(x[5]) for x in d.get(DROP_DETAILS, [])},
-            phase_gate=d.get(PHASE_GATE),
+            hooks={k: v for k, v in d.items() if k not in SCHEMA},
             lane=int(d[LANE]) if LANE in d else None,
         )
 

@@ -3,22 +3,23 @@
 Both count the lane's own decisions (draws, drops) in the lane's element
 order, never time, so where a lane stops is a function of its data: the same
 sample at every `D`, runner and resume (guarantee 1). The timed report
-(`Execution.stall_seconds`) is the loader's and only logs.
+(`Execution.stall_seconds`) is the loader's and only logs. The guard is a
+lane hook (`engine.lane_hooks`) that every lane has: it hears of draws,
+drops, rows and what the combiner took.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+from zephon_core.engine.lane_hooks import LaneHook, LaneView
 from zephon_core.errors import NoRowsError
-from zephon_core.ops.contract import CombinerOp
+from zephon_core.ops.contract import CombinerOp, Row
 from zephon_core.records import Origin
 
 #: the drop reason of a sample longer than a row (the combiner's hint says what to change)
 OVER_LENGTH = "over_length"
 
 
-class StallGuard:
+class StallGuard(LaneHook):
     """Counts draws since the lane's last row and drops since its combiner last took an
     element; raises `NoRowsError` when either passes its limit.
 
@@ -42,22 +43,22 @@ class StallGuard:
         """Elements drawn since the lane's last row."""
         return self._draws
 
-    def row(self) -> None:
+    def row(self, lane: LaneView, row: Row) -> None:
         """The lane made a row."""
         self._draws = 0
 
-    def took(self) -> None:
+    def took(self, origin: Origin) -> None:
         """The combiner took an element: the run of drops is broken."""
         self._drops = {}
 
-    def drew(self, dropped: Mapping[str, int]) -> None:
-        """One more draw; `dropped` (the lane's drops so far, by reason) goes in the message."""
+    def drew(self, lane: LaneView) -> None:
+        """One more draw; the lane's drops so far, by reason, go in the message."""
         self._draws += 1
         if self._draws > self._draw_limit:
             op = self._combiner
             raise NoRowsError(
                 f"lane {self._lane} drew {self._draws} elements since its last row without "
-                f"making one (drops so far: {dict(dropped)}); every element is being "
+                f"making one (drops so far: {dict(lane.dropped)}); every element is being "
                 f"dropped: check the filters and the settings of the combiner {op.name!r}"
                 + (f" ({op.settings_hint})" if op.settings_hint else ""))
 
