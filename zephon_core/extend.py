@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "FlatSetting": "zephon_core.common.settings",
     "flat_settings": "zephon_core.common.settings",
     "check_choices": "zephon_core.common.settings",
+    "check_settings": "zephon_core.common.settings",
     "settings_table": "zephon_core.common.settings",
     "forwards_to": "zephon_core.recipes.registry",
     "settings_groups": "zephon_core.recipes.registry",
