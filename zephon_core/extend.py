@@ -110,6 +110,7 @@ _EXPORTS: dict[str, str] = {
     "unknown_operators": "zephon_core.engine.plan",
     "Plan": "zephon_core.engine.plan",
     "make_runner": "zephon_core.engine.runners",
+    "RunnerSpec": "zephon_core.engine.runners",
     "gloo_group": "zephon_core.engine.checkpoint",
     "CHECKPOINT_FORMAT": "zephon_core.engine.checkpoint:FORMAT",
     "parse_state": "zephon_core.engine.state_check",

@@ -61,9 +61,12 @@ def parse_resources(spec: str | Iterable[str]) -> dict[str, float]:
     return parse_op_values(spec, float, "N")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
+
+    Frozen, like `Recipe`: a changed execution is a new one
+    (``dataclasses.replace(ex, group_size=4)``), checked again by its declarations.
 
     These defaults are the only ones: the command line's flags and the
     TorchTitan config's fields take theirs from here. The default is the fast
