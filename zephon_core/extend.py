@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "flat_settings": "zephon_core.common.settings",
     "check_choices": "zephon_core.common.settings",
     "check_settings": "zephon_core.common.settings",
+    "settings_fingerprint": "zephon_core.common.settings",
     "settings_table": "zephon_core.common.settings",
     "forwards_to": "zephon_core.recipes.registry",
     "settings_groups": "zephon_core.recipes.registry",

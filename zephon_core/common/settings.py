@@ -56,6 +56,10 @@ class SettingInfo:
     max: float | None = None
     above: float | None = None
     below: float | None = None
+    #: the release that added the field (``"0.3.0"``; "" for the first): a fingerprint
+    #: leaves it out while it holds its default (`settings_fingerprint`), so checkpoints
+    #: written before it existed keep matching
+    since: str = ""
 
     def bounds(self) -> str:
         """The declared bounds in words (``">= 1"``, ``"> 0 and < 0.5"``; "" for none)."""
@@ -79,12 +83,14 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, unit: str = "",
             parse: Callable[[str], Any] | None = None,
             default_factory: Any = dataclasses.MISSING, min: float | None = None,
             max: float | None = None, above: float | None = None,
-            below: float | None = None) -> Any:
+            below: float | None = None, since: str = "") -> Any:
     """A dataclass field with its `SettingInfo`: the one place its help, unit, choices and
     bounds live (``setting(8, min=1, ...)``: at least 1; ``above=0``: more than 0). The
     bounds are checked wherever the settings object is built (`check_settings`, from its
-    ``__post_init__``) and wherever a flat value is read (`FlatSetting.coerce`)."""
-    info = SettingInfo(help, unit, tuple(choices), metavar, parse, min, max, above, below)
+    ``__post_init__``) and wherever a flat value is read (`FlatSetting.coerce`). `since`:
+    the release that added the field, which fingerprints leave out at its default."""
+    info = SettingInfo(help, unit, tuple(choices), metavar, parse, min, max, above, below,
+                       since)
     return dataclasses.field(default=default, default_factory=default_factory,
                              metadata={META_KEY: info})
 
@@ -272,6 +278,29 @@ def check_settings(obj: Any) -> None:
     (`check_choices`) and bounds (`check_bounds`). Call it from ``__post_init__``."""
     check_choices(obj)
     check_bounds(obj)
+
+
+def settings_fingerprint(obj: Any) -> dict[str, Any]:
+    """The JSON view of settings object `obj` for checkpoint fingerprints: every field
+    (tuples as lists), except a field declared ``since`` a later release while it holds
+    its declared default, so a checkpoint written before the field existed keeps its
+    fingerprint; any other value is in, and a resume with a different one is refused."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(obj, f.name)
+        info = f.metadata.get(META_KEY)
+        if info is not None and info.since and value == _declared_default(f):
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _declared_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def parse_size(text: str) -> int:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import functools
 import io
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from zephon_core import BadSampleError, ConfigError
-from zephon_core.extend import check_choices, setting
+from zephon_core.extend import check_choices, setting, settings_fingerprint
 from zephon_vl.media.geometry import (  # noqa: F401  (the geometry's public names, here too)
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -158,17 +158,20 @@ class ImageSettings:
     exif_transpose: bool = setting(
         True, help="turn the image upright by its EXIF orientation first, as cameras record "
         "it and as transformers' load_image does; the patch grid follows the upright size")
-    patch_order: str = setting("block", choices=PATCH_ORDERS, help="the row order of the "
-                               "patches: block (Qwen-VL's merge blocks) or raster")
+    patch_order: str = setting(
+        "block", since="0.3.0", choices=PATCH_ORDERS,
+        help="the row order of the patches: block (Qwen-VL's merge blocks) or raster")
     resize: str = setting(
-        "pixels", choices=RESIZE_RULES, help="the size rule: pixels (smart_resize within "
-        "min_pixels/max_pixels) or patches (patch_budget_resize within max_patches and "
-        "max_patches_per_side, padded)")
-    max_patches: int = setting(16384, unit="patches", help="with resize = patches: the most "
-                               "patches an image (or video frame) keeps")
-    max_patches_per_side: int = setting(512, unit="patches", help="with resize = patches: the "
-                                        "most patches a side keeps (the encoder's position "
-                                        "grid)")
+        "pixels", since="0.3.0", choices=RESIZE_RULES,
+        help="the size rule: pixels (smart_resize within min_pixels/max_pixels) or patches "
+        "(patch_budget_resize within max_patches and max_patches_per_side, padded)")
+    max_patches: int = setting(
+        16384, since="0.3.0", unit="patches",
+        help="with resize = patches: the most patches an image (or video frame) keeps")
+    max_patches_per_side: int = setting(
+        512, since="0.3.0", unit="patches",
+        help="with resize = patches: the most patches a side keeps (the encoder's position "
+        "grid)")
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"):
@@ -198,25 +201,10 @@ class ImageSettings:
         return self.patch_size * self.merge_size
 
     def settings(self) -> dict:
-        """JSON-able view of every field, for checkpoint fingerprints.
-
-        The geometry fields added after the first release (`_LATER_FIELDS`) are
-        left out while they hold their defaults, so the fingerprints of
-        checkpoints written before them stay valid; any other value is in, and
-        a resume with a different one is refused.
-        """
-        d = asdict(self)
-        d["image_mean"] = list(self.image_mean)
-        d["image_std"] = list(self.image_std)
-        for name, default in _LATER_FIELDS.items():
-            if d[name] == default:
-                del d[name]
-        return d
-
-
-#: Fields that are in `ImageSettings.settings` only when they differ from these.
-_LATER_FIELDS = {"patch_order": "block", "resize": "pixels", "max_patches": 16384,
-                 "max_patches_per_side": 512}
+        """JSON-able view of every field, for checkpoint fingerprints: the geometry fields
+        added in 0.3.0 (declared ``since``) only where they differ from their defaults, so
+        the fingerprints of checkpoints written before them stay valid."""
+        return settings_fingerprint(self)
 
 
 def pad_frames(frames: np.ndarray, settings: ImageSettings) -> np.ndarray:
