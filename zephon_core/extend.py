@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "moved_keywords": "zephon_core.common.deprecation",
     "moved_names": "zephon_core.common.deprecation",
     "deprecations": "zephon_core.common.deprecation",
+    "deprecation": "zephon_core.common.deprecation",
     "Deprecation": "zephon_core.common.deprecation",
     # the engine's parsers and probes, for the command line and tools
     "StageKind": "zephon_core.engine.kinds",

@@ -100,3 +100,28 @@ def test_bounds_show_in_the_docs_table_and_the_help():
     assert "| `count` | `3` | items | how many (>= 1 and <= 10) |" in settings_table(Knobs)
     leaf = next(s for s in flat_settings(Execution) if s.name == "group_size")
     assert leaf.describe_type() == "int (samples) >= 1"
+
+
+@dataclasses.dataclass(frozen=True)
+class MoreExecution(Execution):
+    """docs/architecture.md, "to add an Execution setting": one declared field, nothing else."""
+
+    shard_cache: int = setting(4, unit="shards", min=1, help="shards kept open per lane")
+
+
+def test_adding_an_execution_setting_is_one_declaration():
+    """The flag, its help, the flat name, the bound and the frozen object all follow from
+    the declaration; the recipe's fingerprint never sees an execution setting."""
+    p = argparse.ArgumentParser()
+    add_execution_args(p, MoreExecution)
+    assert "shards kept open per lane" in p.format_help()
+    ex = execution_from(p.parse_args(["--shard-cache", "6", "--group-size", "2"]), MoreExecution)
+    assert (ex.shard_cache, ex.group_size) == (6, 2) and ex.to_flat()["shard_cache"] == 6
+    assert MoreExecution.from_flat({"shard_cache": "6"}) == dataclasses.replace(
+        MoreExecution(), shard_cache=6)
+    with pytest.raises(ConfigError, match=r"shard_cache must be >= 1; got 0"):
+        execution_from(p.parse_args(["--shard-cache", "0"]), MoreExecution)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ex.shard_cache = 1  # type: ignore[misc]
+    assert "| `shard_cache` | `4` | shards | shards kept open per lane (>= 1) |" in \
+        settings_table(MoreExecution)

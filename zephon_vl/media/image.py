@@ -40,7 +40,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from zephon_core import BadSampleError, ConfigError
-from zephon_core.extend import check_choices, setting, settings_fingerprint
+from zephon_core.extend import check_settings, setting, settings_fingerprint
 from zephon_vl.media.geometry import (  # noqa: F401  (the geometry's public names, here too)
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -129,14 +129,14 @@ class ImageSettings:
     changes the training data, so a resume must refuse it.
     """
 
-    patch_size: int = setting(14, unit="pixels", help="side of one square patch")
-    merge_size: int = setting(2, unit="patches", help="patches per side merged into one "
+    patch_size: int = setting(14, min=1, unit="pixels", help="side of one square patch")
+    merge_size: int = setting(2, min=1, unit="patches", help="patches per side merged into one "
                               "vision token (the token covers merge_size x merge_size)")
-    temporal_patch_size: int = setting(2, unit="frames", help="frames in one patch (a still "
+    temporal_patch_size: int = setting(2, min=1, unit="frames", help="frames in one patch (a still "
                                        "image repeats its one frame)")
-    min_pixels: int = setting(56 * 56, unit="pixels", help="smallest image area (smaller "
+    min_pixels: int = setting(56 * 56, min=1, unit="pixels", help="smallest image area (smaller "
                               "ones are scaled up)")
-    max_pixels: int = setting(28 * 28 * 1280, unit="pixels", help="largest image area "
+    max_pixels: int = setting(28 * 28 * 1280, min=1, unit="pixels", help="largest image area "
                               "(larger ones are scaled down)")
     draft: bool = setting(False, help="decode JPEGs at a reduced DCT scale when the target "
                           "is at most half the source on each side: faster and deterministic "
@@ -151,7 +151,7 @@ class ImageSettings:
         OPENAI_CLIP_MEAN, help="per-channel mean (RGB) subtracted after scaling to [0, 1]")
     image_std: tuple[float, float, float] = setting(
         OPENAI_CLIP_STD, help="per-channel standard deviation (RGB) divided by")
-    max_image_pixels: int = setting(64_000_000, unit="pixels", help="refuse images whose "
+    max_image_pixels: int = setting(64_000_000, unit="pixels", min=1, help="refuse images whose "
                                     "header claims more pixels, before decoding them")
     resample: str = setting("bicubic", choices=tuple(sorted(_RESAMPLE)),
                             help="the resize filter (PIL)")
@@ -166,29 +166,19 @@ class ImageSettings:
         help="the size rule: pixels (smart_resize within min_pixels/max_pixels) or patches "
         "(patch_budget_resize within max_patches and max_patches_per_side, padded)")
     max_patches: int = setting(
-        16384, since="0.3.0", unit="patches",
+        16384, min=1, since="0.3.0", unit="patches",
         help="with resize = patches: the most patches an image (or video frame) keeps")
     max_patches_per_side: int = setting(
-        512, since="0.3.0", unit="patches",
+        512, min=1, since="0.3.0", unit="patches",
         help="with resize = patches: the most patches a side keeps (the encoder's position "
         "grid)")
 
     def __post_init__(self) -> None:
-        for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"ImageSettings.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_image_pixels < 1:
-            raise ConfigError(
-                f"ImageSettings.max_image_pixels must be >= 1, got {self.max_image_pixels}"
-            )
+        check_settings(self)  # choices and bounds, from the declarations
         if self.max_pixels < self.min_pixels:
             raise ConfigError(
                 f"ImageSettings.max_pixels ({self.max_pixels}) < min_pixels ({self.min_pixels})"
             )
-        check_choices(self)
-        if self.max_patches < 1 or self.max_patches_per_side < 1:
-            raise ConfigError("ImageSettings.max_patches and max_patches_per_side must be "
-                              f">= 1, got {self.max_patches} and {self.max_patches_per_side}")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
             raise ConfigError("ImageSettings.image_mean/image_std need 3 values, std > 0")
         # Normalize list inputs to tuples so the dataclass stays hashable.
