@@ -44,7 +44,7 @@ def synthetic_recipe(num_lanes: int = 16) -> Recipe:
     shards = [[{"n": int(rng.integers(20, 400)), "id": s * 10000 + i} for i in range(2000)]
               for s in range(8)]
     reader = InMemoryReader(shards)
-    ops = [Shuffle(256), Read([reader]), Map(synthetic_tokens), Pack(512, max_open_bins=4)]
+    ops = [Shuffle(256), Read([reader]), Map(synthetic_tokens), Pack(512, {"max_open_bins": 4})]
     return Recipe([Dataset("synthetic", reader)], ops, global_batch_size=32,
                   num_lanes=num_lanes, seed=0)
 

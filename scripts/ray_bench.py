@@ -87,12 +87,13 @@ def identity(payload: object) -> object:
 
 def overhead(kind: str, cluster: LocalRayCluster, workers: int, groups: int) -> dict:
     """Per-sample cost of a runner on a stage that does nothing: wall and CPU."""
-    from zephon_core import Element, Map, Origin
-    from zephon_core.extend import StageFn, make_runner
+    from zephon_core import Element, Map, Origin, RunnerKind
+    from zephon_core.extend import RunnerSpec, StageFn, make_runner
 
     fn = StageFn([Map(identity, name="identity")])
-    runner = make_runner(kind, fn, workers, "spawn", "identity", None, None,
-                         LABEL if kind == "ray" else None)
+    spec = RunnerSpec(RunnerKind(kind), workers, "identity", "spawn",
+                      ray_resources=LABEL if kind == "ray" else {})
+    runner = make_runner(spec, fn)
     try:
         def batch(g: int) -> list:
             return [Element(g * 8 + i, {"id": g * 8 + i}, Origin(g * 8 + i, 0, 0, i, 0))

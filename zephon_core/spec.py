@@ -67,7 +67,7 @@ def check_lane_geometry(num_lanes: int, global_batch_size: int | None = None,
                           f"(G % L = {G % L}): every lane gives G / L rows per step")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recipe:
     """Datasets, operators (ending with a `CombinerOp` such as `Pack`), batch geometry and seed.
 
@@ -76,6 +76,9 @@ class Recipe:
     mixture a schedule (`Phase(start_step, weights)`; before the first one the
     datasets' own weights apply); `phase_lag` is how many draws past its last
     step a lane keeps the old mixture (engine.phases, docs/elastic-changes.md).
+
+    Frozen: a recipe is what a checkpoint's fingerprint describes, so a changed one is a
+    new recipe (``dataclasses.replace(recipe, seed=1)``), checked again.
     """
 
     datasets: list[Dataset]
@@ -104,7 +107,9 @@ class Recipe:
             raise ConfigError(f"the combiner {self.ops[-1].name!r} must set seq_len (tokens per "
                               f"row) to a positive int, got {seq_len!r}")
         check_lane_geometry(self.num_lanes, self.global_batch_size)
-        self.phases = [p if isinstance(p, Phase) else Phase(**p) for p in self.phases]
+        # frozen: __post_init__ completes the fields through object.__setattr__
+        object.__setattr__(self, "phases", [p if isinstance(p, Phase) else Phase(**p)
+                                            for p in self.phases])
         if not isinstance(self.phase_lag, int) or self.phase_lag < 0:
             raise ConfigError(f"phase_lag must be an int >= 0, got {self.phase_lag!r}")
         if self.mix_by not in ("samples", "tokens"):
@@ -113,7 +118,7 @@ class Recipe:
         for step, g in self.batch_sizes():
             check_lane_geometry(self.num_lanes, g, where=f" (phase at step {step})")
         if self.collate is None:
-            self.collate = TextCollate(self.seq_len, self.combiner.pad_id)
+            object.__setattr__(self, "collate", TextCollate(self.seq_len, self.combiner.pad_id))
 
     @property
     def combiner(self) -> CombinerOp:

@@ -267,13 +267,10 @@ def _packer(pack: VisionPackSettings, balance: BalanceSettings | Mapping[str, An
                               "balance` reports the mean of a recipe as "
                               "mean_vision_tokens_per_row")
         b = settings_from_table(BalanceSettings, balance, "balance")
-        return BalancedPack(
-            seq_len, "vision_tokens", b.budget, rows_per_group=rows_per_group,
-            heavy_every=b.heavy_every, heavy_budget=b.heavy_budget, lookahead=b.lookahead,
-            tolerance=b.tolerance, split_text=b.split_text, limits=limits, pad_id=pad_id,
-            filler=filler)
+        return BalancedPack(seq_len, "vision_tokens", b, rows_per_group=rows_per_group,
+                            limits=limits, pad_id=pad_id, filler=filler)
     if balance is not None:
         raise ConfigError(f"balance settings apply to pack_mode='balanced', not "
                           f"{pack.pack_mode!r}")
-    return Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins, overlong="drop",
-                limits=limits, pad_id=pad_id, filler=filler)
+    text_pack = PackSettings(pack.pack_mode, pack.max_open_bins, overlong="drop")
+    return Pack(seq_len, text_pack, limits=limits, pad_id=pad_id, filler=filler)

@@ -4,6 +4,8 @@ stops the loader (the step it was making cannot be delivered)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.helpers.core import Spec, build_recipe, reference_digests
@@ -32,7 +34,7 @@ class FailsOnThirdCall:
 @pytest.mark.parametrize("collate_in", ["driver", "thread"])
 def test_collate_failure_reaches_the_consumer_and_stops_the_loader(collate_in):
     recipe = build_recipe(SPEC)
-    recipe.collate = FailsOnThirdCall(recipe.collate)
+    recipe = dataclasses.replace(recipe, collate=FailsOnThirdCall(recipe.collate))
     ex = Execution(runner="inline", collate_in=collate_in)
     with Loader(recipe, execution=ex, background=True) as loader:
         it = iter(loader)

@@ -24,7 +24,7 @@ from tests.helpers.core import (
     reference_digests,
 )
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
-from zephon_core import BalancedPack, CheckpointError, ConfigError, Execution
+from zephon_core import BalancedPack, BalanceSettings, CheckpointError, ConfigError, Execution
 from zephon_core.extend import combiner_state
 
 COST = "vision"
@@ -32,8 +32,9 @@ COST = "vision"
 
 def balanced(budget: float = 3.0, rows: int = 2, heavy_every: int = 0, heavy: float = 0.0,
              split_text: bool = True, lookahead: int = 2, seq_len: int = 32) -> BalancedPack:
-    return BalancedPack(seq_len, COST, budget, rows_per_group=rows, heavy_every=heavy_every,
-                        heavy_budget=heavy, lookahead=lookahead, split_text=split_text)
+    targets = BalanceSettings(budget, heavy_every=heavy_every, heavy_budget=heavy,
+                              lookahead=lookahead, split_text=split_text)
+    return BalancedPack(seq_len, COST, targets, rows_per_group=rows)
 
 
 def spec_for(combiner: BalancedPack, data_seed: int = 3, sizes: tuple[int, ...] = (30, 21),
@@ -138,7 +139,7 @@ def test_state_holds_the_buffers_and_a_damaged_one_is_refused():
 
 
 def test_settings_are_checked():
-    with pytest.raises(ConfigError, match="budget > 0"):
+    with pytest.raises(ConfigError, match=r"BalanceSettings\.budget must be > 0; got 0"):
         balanced(budget=0)
     with pytest.raises(ConfigError, match="heavy_budget"):
         balanced(budget=3.0, heavy_every=3, heavy=2.0)

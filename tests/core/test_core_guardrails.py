@@ -347,7 +347,7 @@ def test_a_recipe_that_drops_everything_raises_instead_of_spinning():
     from zephon_core import Dataset, InMemoryReader, Loader, Map, NoRowsError, Pack, Read, Recipe
 
     reader = InMemoryReader([[{"n": 50}] * 20])
-    ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]
+    ops = [Read([reader]), Map(_long_doc), Pack(16, {"overlong": "drop"})]
     recipe = Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2)
     with Loader(recipe, execution=Execution(runner="inline")) as loader, \
             pytest.raises(NoRowsError, match="over_length"):
@@ -371,7 +371,7 @@ def _all_long_recipe(fn=_long_doc):
     from zephon_core import Dataset, InMemoryReader, Map, Pack, Read, Recipe
 
     reader = InMemoryReader([[{"n": 50}] * 20])
-    ops = [Read([reader]), Map(fn), Pack(16, overlong="drop")]
+    ops = [Read([reader]), Map(fn), Pack(16, {"overlong": "drop"})]
     return Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2)
 
 
@@ -397,7 +397,7 @@ def test_drops_between_rows_do_not_trip_stall_drops():
     from zephon_core import Dataset, InMemoryReader, Loader, Map, Pack, Read, Recipe
 
     reader = InMemoryReader([[{"n": 50}, {"n": 50}, {"n": 8}] for _ in range(40)])
-    ops = [Read([reader]), Map(_long_doc), Pack(16, overlong="drop")]
+    ops = [Read([reader]), Map(_long_doc), Pack(16, {"overlong": "drop"})]
     recipe = Recipe([Dataset("d", reader)], ops, global_batch_size=2, num_lanes=2, epochs=1)
     drops = 0
     with Loader(recipe, execution=Execution(runner="inline", stall_drops=15)) as loader:

@@ -212,7 +212,7 @@ def test_another_lane_count_is_refused_unless_asked():
 
 
 def _balanced() -> BalancedPack:
-    return BalancedPack(32, "vision", 3.0, rows_per_group=2)
+    return BalancedPack(32, "vision", {"budget": 3.0}, rows_per_group=2)
 
 
 @pytest.mark.parametrize(("changes", "why"), [

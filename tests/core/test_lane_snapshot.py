@@ -68,8 +68,9 @@ def _doc(i: int, n: int, costly: int = 0) -> dict:
     return {"tokens": list(range(i, i + n)), "costs": {"image": costly} if costly else {}}
 
 
-@pytest.mark.parametrize("op", [Pack(16, max_open_bins=2),
-                                BalancedPack(16, cost="image", budget=2, rows_per_group=1)],
+@pytest.mark.parametrize("op", [Pack(16, {"max_open_bins": 2}),
+                                BalancedPack(16, cost="image", balance={"budget": 2},
+                                             rows_per_group=1)],
                          ids=["pack", "balanced"])
 def test_combiner_segments_restore_from_their_codec(op) -> None:
     docs = {i: _doc(i, 3 + i % 11, costly=i % 3 == 0) for i in range(12)}

@@ -49,7 +49,7 @@ def recipe_of(sizes: list[int], epochs: int | None = 1) -> Recipe:
     """Documents of `sizes` tokens; a 0 is an ``empty_doc`` drop, 10 or more ``too_long``."""
     reader = InMemoryReader([[{"id": i, "n": n} for i, n in enumerate(sizes)]])
     ops = [Read([reader], on_error="drop"), Map(_tokens, on_error="drop"),
-           Filter(_short, reason="too_long"), Pack(16, overlong="drop")]
+           Filter(_short, reason="too_long"), Pack(16, {"overlong": "drop"})]
     return Recipe([Dataset("d", reader)], ops, global_batch_size=4, num_lanes=2,
                   epochs=epochs)
 

@@ -197,6 +197,7 @@ def build_recipe(spec: Spec) -> Recipe:
         InMemoryReader,
         Map,
         Pack,
+        PackSettings,
         Read,
         Recipe,
         Shuffle,
@@ -214,8 +215,8 @@ def build_recipe(spec: Spec) -> Recipe:
         ops.append(Shuffle(spec.shuffle_buffer))
     if spec.use_filter:
         ops.append(Filter(keep, name="keep"))
-    ops.append(spec.combiner or Pack(spec.seq_len, mode=spec.mode,
-                                     max_open_bins=spec.max_open_bins, overlong=spec.overlong))
+    ops.append(spec.combiner or Pack(spec.seq_len, PackSettings(spec.mode, spec.max_open_bins,
+                                                                spec.overlong)))
     return Recipe(
         datasets=[Dataset(f"ds{j}", r, d.weight)
                   for j, (r, d) in enumerate(zip(readers, spec.datasets, strict=True))],

@@ -36,7 +36,7 @@ def make_recipe() -> Recipe:
     shards = [[{"n": int(rng.integers(3, 90)), "id": s * 1000 + i} for i in range(40)]
               for s in range(6)]
     reader = InMemoryReader(shards)
-    ops = [Shuffle(32), Read([reader]), Map(to_tokens), Pack(64, max_open_bins=3)]
+    ops = [Shuffle(32), Read([reader]), Map(to_tokens), Pack(64, {"max_open_bins": 3})]
     # One epoch: ranks agree on the end of data over the loader's own gloo group.
     return Recipe([Dataset("mem", reader)], ops, global_batch_size=8, num_lanes=4, seed=11,
                   epochs=1)

@@ -300,7 +300,7 @@ def uneven_lanes_recipe() -> Recipe:
     from zephon_core import Dataset, InMemoryReader, Map, Pack, Read
 
     reader = InMemoryReader([[{"id": i} for i in range(3)]])
-    ops = [Read([reader]), Map(_ten_tokens, name="ten"), Pack(16, overlong="drop")]
+    ops = [Read([reader]), Map(_ten_tokens, name="ten"), Pack(16, {"overlong": "drop"})]
     return Recipe([Dataset("mem", reader)], ops, global_batch_size=2, num_lanes=2, epochs=1)
 
 

@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+import typing
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from zephon_core.extend import flat_settings
 from zephon_vl.cli.common import add_execution_args, execution_from
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.titan.dataloader import ZephonDataLoader
-from zephon_vl.titan.settings import execution_of, titan_type
+from zephon_vl.titan.settings import IMAGE_OVERRIDES, execution_of, image_overrides, titan_type
 
 #: a value other than the default for every leaf, as Python holds it
 OTHER = {
@@ -112,11 +113,32 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", ["max_pixels", "min_pixels", "max_patches"])
-def test_image_overrides_share_the_image_setting_name_and_unit(name):
-    """``--dataloader.max_pixels`` overrides `ImageSettings.max_pixels`: same name, and its
-    help says the same unit (its default differs: 0 is the preset's own)."""
+def test_image_overrides_are_generated_from_the_image_settings(name):
+    """``--dataloader.max_pixels`` overrides `ImageSettings.max_pixels`: the field is made
+    from its declaration (same name, type, unit, help and bounds); None, never 0, is "the
+    preset's" (max_pixels has the config's own default)."""
     leaf = next(s for s in flat_settings(ImageSettings) if s.name == name)
     field = next(f for f in dataclasses.fields(ZephonDataLoader.Config) if f.name == name)
-    assert field.type in (int, "int") and leaf.annotation is int
-    doc = attribute_docs(ZephonDataLoader.Config)[name]
-    assert leaf.info.unit and leaf.info.unit in doc, (name, leaf.info.unit, doc)
+    hints = typing.get_type_hints(ZephonDataLoader.Config, include_extras=True)
+    tp, arg = typing.get_args(hints[name])
+    assert tp == (leaf.annotation if name == "max_pixels" else leaf.annotation | None)
+    assert field.default == IMAGE_OVERRIDES[name]
+    assert (field.default is None) == (name != "max_pixels")
+    doc = arg.help
+    assert leaf.info.help in doc and leaf.info.unit in doc and leaf.info.bounds() in doc, doc
+    assert name not in attribute_docs(ZephonDataLoader.Config)  # not hand-copied
+
+
+@pytest.mark.parametrize("name", ["max_pixels", "min_pixels", "max_patches"])
+def test_image_overrides_are_checked_by_their_declaration(name):
+    config = ZephonDataLoader.Config(image_preset="qwen3_5", **{name: -5})
+    with pytest.raises(ConfigError, match=rf"{name} must be >= 1; got -5"):
+        image_overrides(config)
+
+
+def test_a_zero_meant_the_preset_before_0_4_and_warns():
+    old = ZephonDataLoader.Config(image_preset="qwen3_5", min_pixels=0, max_patches=0)
+    with pytest.warns(DeprecationWarning, match="the preset's own"):
+        assert image_overrides(old) == {"max_pixels": 128 * 32 * 32}
+    new = ZephonDataLoader.Config(image_preset="qwen3_5", min_pixels=4096)
+    assert image_overrides(new) == {"max_pixels": 128 * 32 * 32, "min_pixels": 4096}

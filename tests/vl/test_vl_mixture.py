@@ -95,7 +95,7 @@ def _doc(n: int, images: int) -> dict:
 
 def test_packer_appends_the_filler_to_rows_without_an_image_and_keeps_room_for_it() -> None:
     filler = RowFiller("images", _doc(6, 1), "x")
-    packer = Pack(32, max_open_bins=1, overlong="drop", filler=filler).make(0, 0)
+    packer = Pack(32, {"max_open_bins": 1, "overlong": "drop"}, filler=filler).make(0, 0)
     origins = [Origin(i, 0, 0, i, 0) for i in range(5)]
     assert packer.push(origins[0], _doc(20, 0)) is None
     assert packer.push(origins[1], _doc(7, 0)) is None   # 27 + 6 > 32: a new row

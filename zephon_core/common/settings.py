@@ -50,14 +50,47 @@ class SettingInfo:
     metavar: str = ""
     #: turns one flat string into the field's value (default: from the annotation)
     parse: Callable[[str], Any] | None = None
+    #: the value's bounds (None: unbounded on that side): ``min <= value <= max``,
+    #: ``above < value < below``; None itself passes where the field is optional
+    min: float | None = None
+    max: float | None = None
+    above: float | None = None
+    below: float | None = None
+    #: the release that added the field (``"0.3.0"``; "" for the first): a fingerprint
+    #: leaves it out while it holds its default (`settings_fingerprint`), so checkpoints
+    #: written before it existed keep matching
+    since: str = ""
+
+    def bounds(self) -> str:
+        """The declared bounds in words (``">= 1"``, ``"> 0 and < 0.5"``; "" for none)."""
+        parts = [f"{op} {bound:g}" for op, bound in ((">=", self.min), (">", self.above),
+                                                     ("<=", self.max), ("<", self.below))
+                 if bound is not None]
+        return " and ".join(parts)
+
+    def out_of_bounds(self, value: Any) -> bool:
+        """Whether a number `value` lies outside the declared bounds (None never does)."""
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return ((self.min is not None and not value >= self.min)
+                or (self.max is not None and not value <= self.max)
+                or (self.above is not None and not value > self.above)
+                or (self.below is not None and not value < self.below))
 
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, unit: str = "",
             choices: tuple[str, ...] = (), metavar: str = "",
             parse: Callable[[str], Any] | None = None,
-            default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with its `SettingInfo`: the one place its help and unit live."""
-    info = SettingInfo(help, unit, tuple(choices), metavar, parse)
+            default_factory: Any = dataclasses.MISSING, min: float | None = None,
+            max: float | None = None, above: float | None = None,
+            below: float | None = None, since: str = "") -> Any:
+    """A dataclass field with its `SettingInfo`: the one place its help, unit, choices and
+    bounds live (``setting(8, min=1, ...)``: at least 1; ``above=0``: more than 0). The
+    bounds are checked wherever the settings object is built (`check_settings`, from its
+    ``__post_init__``) and wherever a flat value is read (`FlatSetting.coerce`). `since`:
+    the release that added the field, which fingerprints leave out at its default."""
+    info = SettingInfo(help, unit, tuple(choices), metavar, parse, min, max, above, below,
+                       since)
     return dataclasses.field(default=default, default_factory=default_factory,
                              metadata={META_KEY: info})
 
@@ -99,15 +132,18 @@ class FlatSetting:
         return parse_value(self.annotation, text, self.info.unit)
 
     def coerce(self, value: Any) -> Any:
-        """A flat value: strings are parsed, other values (typed) pass unchanged."""
+        """A flat value: strings are parsed, other values (typed) pass unchanged; a value
+        outside the declared bounds is refused under the flat name."""
         if isinstance(value, str) and not _is_plain_str(self.annotation):
             try:
-                return self.parse(value)
+                value = self.parse(value)
             except (ValueError, ConfigError) as exc:
                 raise ConfigError(f"{self.name}: cannot read {value!r} ({exc}); "
                                   f"expected {self.describe_type()}") from None
-        if _is_plain_str(self.annotation) and self.optional and value in ("", "none"):
+        elif _is_plain_str(self.annotation) and self.optional and value in ("", "none"):
             return None
+        if self.info.out_of_bounds(value):
+            raise ConfigError(bound_error(self.name, value, self.info, self.optional))
         return value
 
     def describe_type(self) -> str:
@@ -123,6 +159,8 @@ class FlatSetting:
             name = "bytes (e.g. 256MiB)"
         elif self.info.unit:
             name = f"{name} ({self.info.unit})"
+        if self.info.bounds():
+            name = f"{name} {self.info.bounds()}"
         return name + (" or none" if self.optional else "")
 
     def spell(self, value: Any) -> str:
@@ -215,6 +253,54 @@ def check_choices(obj: Any) -> None:
         elif value not in info.choices and not (
                 value is None and _is_optional(_hints(type(obj))[f.name])):
             raise ConfigError(f"{where} must be one of {allowed}; got {value!r}")
+
+
+def bound_error(where: str, value: Any, info: SettingInfo, optional: bool) -> str:
+    """The message for `value` of setting `where` outside its declared bounds."""
+    none = " or none" if optional else ""
+    return f"{where} must be {info.bounds()}{none}; got {value!r}"
+
+
+def check_bounds(obj: Any) -> None:
+    """Refuse a field of settings object `obj` outside its declared bounds (`setting`'s
+    ``min``, ``max``, ``above``, ``below``), naming the field, the value and the bound."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        info = f.metadata.get(META_KEY)
+        if info is not None and info.out_of_bounds(getattr(obj, f.name)):
+            raise ConfigError(bound_error(f"{type(obj).__name__}.{f.name}",
+                                          getattr(obj, f.name), info,
+                                          _is_optional(hints[f.name])))
+
+
+def check_settings(obj: Any) -> None:
+    """Everything a settings object's declarations say about its values: choices
+    (`check_choices`) and bounds (`check_bounds`). Call it from ``__post_init__``."""
+    check_choices(obj)
+    check_bounds(obj)
+
+
+def settings_fingerprint(obj: Any) -> dict[str, Any]:
+    """The JSON view of settings object `obj` for checkpoint fingerprints: every field
+    (tuples as lists), except a field declared ``since`` a later release while it holds
+    its declared default, so a checkpoint written before the field existed keeps its
+    fingerprint; any other value is in, and a resume with a different one is refused."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(obj, f.name)
+        info = f.metadata.get(META_KEY)
+        if info is not None and info.since and value == _declared_default(f):
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _declared_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def parse_size(text: str) -> int:
@@ -381,6 +467,8 @@ def settings_table(cls: type) -> str:
     lines = ["| setting | default | unit | meaning |", "| --- | --- | --- | --- |"]
     for s in flat_settings(cls):
         meaning = s.info.help
+        if s.info.bounds():
+            meaning += f" ({s.info.bounds()})"
         if s.info.choices:
             meaning += ". One of: " + ", ".join(s.info.choices)
         meaning = meaning.replace("|", "\\|")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from zephon_core.common.settings import setting
+from zephon_core.common.settings import check_settings, setting
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,18 @@ class RetryPolicy:
     answers counts as a failure (and is retried) instead of hanging the reader.
     Never part of a fingerprint: retries change when a batch comes, not what it holds."""
 
-    deadline: float = setting(120.0, unit="seconds", help="keep retrying a failing read "
+    deadline: float = setting(120.0, unit="seconds", min=0, help="keep retrying a failing read "
                               "from a URL this long, then stop naming the shard and offset "
                               "(never a skipped sample)")
-    initial: float = setting(0.2, unit="seconds", help="the first pause between tries")
-    maximum: float = setting(10.0, unit="seconds", help="the longest pause between tries")
-    request_timeout: float = setting(60.0, unit="seconds", help="the longest one request "
-                                     "may take before it counts as a failure")
+    initial: float = setting(0.2, unit="seconds", above=0,
+                             help="the first pause between tries")
+    maximum: float = setting(10.0, unit="seconds", above=0,
+                             help="the longest pause between tries")
+    request_timeout: float = setting(60.0, unit="seconds", above=0, help="the longest one "
+                                     "request may take before it counts as a failure")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,14 @@ class Coalesce:
     than a second request; local files (``pread``) are never coalesced.
     """
 
-    max_bytes: int = setting(8 << 20, unit="bytes", help="largest range request that merges "
+    max_bytes: int = setting(8 << 20, unit="bytes", min=0, help="largest range request that merges "
                              "neighbouring samples of one remote shard (0: one request per "
                              "sample)")
-    max_gap: int = setting(1 << 20, unit="bytes", help="samples at most this far apart "
-                           "share a range request")
+    max_gap: int = setting(1 << 20, unit="bytes", min=0, help="samples at most this far "
+                           "apart share a range request")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,45 @@ from zephon_core.errors import CheckpointError
 FORMAT = "zephon-checkpoint"
 #: 2: lane snapshots name their lane, and the state carries a SHA-256 of itself
 VERSION = 2
+
+
+def _from_v1(state: dict) -> dict:
+    """Version 1 (0.1.0) -> 2: each lane snapshot names its lane, and the state gets the
+    SHA-256 it then lacked (so a damaged version-1 state is caught by the field checks
+    alone, as it was under 0.1.0)."""
+    lanes = state.get("lanes")
+    if isinstance(lanes, dict):
+        lanes = {k: ({**v, "lane": int(k)} if isinstance(v, dict) and k.isdigit() else v)
+                 for k, v in lanes.items()}
+    out = {**state, "lanes": lanes, "version": 2}
+    out[CHECKSUM_KEY] = state_checksum(out)
+    return out
+
+
+#: the one table of older states: version -> the function that makes it the next version.
+#: A change of the state's layout bumps `VERSION` and adds its row here.
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_v1}
+
+
+def migrate_state(state: Any) -> Any:
+    """`state` at `VERSION`: an older one through `MIGRATIONS`, row by row (a new dict;
+    `state` is left as it is); a newer or unknown version is refused, naming it. What is
+    not a zephon state passes unchanged, for `check_state` to refuse."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return state
+    version = state.get("version")
+    while version != VERSION:
+        if is_count(version) and version > VERSION:
+            raise CheckpointError(f"checkpoint version {version} was written by a newer zephon "
+                                  f"than this one (which reads versions up to {VERSION}); "
+                                  "upgrade zephon-vl to restore it")
+        if version not in MIGRATIONS:
+            raise CheckpointError(f"checkpoint version {version!r} is not one zephon wrote "
+                                  f"(known: {', '.join(map(str, sorted(MIGRATIONS)))} and "
+                                  f"{VERSION}); the checkpoint is corrupt")
+        state = MIGRATIONS[version](state)
+        version = state["version"]
+    return state
 
 
 def fingerprint_digest(fp: dict) -> str:
@@ -190,8 +229,9 @@ def check_state(state: Any, fingerprint: dict, lanes: list[int], ops: list[Any],
         raise CheckpointError("not a zephon checkpoint (no 'format': 'zephon-checkpoint'); "
                               "pass the dict returned by state_dict()")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint version {state.get('version')!r} is not supported by "
-                              f"this zephon (version {VERSION}); use the zephon that wrote it")
+        migrate_state(state)  # refuses a newer or unknown version, naming it
+        raise CheckpointError(f"checkpoint version {state['version']} must be migrated before "
+                              "it is checked: pass it through migrate_state")
     for key in ("fingerprint", "fingerprint_sha256", "num_lanes", "step", "lanes",
                 CHECKSUM_KEY):
         if key not in state:

@@ -6,7 +6,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_core.common.settings import check_choices, from_flat, parse_items, setting, to_flat
+from zephon_core.common.settings import (
+    check_settings,
+    from_flat,
+    parse_items,
+    setting,
+    to_flat,
+)
 from zephon_core.common.system import ranks_on_this_machine, usable_cores, worker_budget
 from zephon_core.data.storage_settings import Coalesce, RetryPolicy, StorageSettings
 from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RUNNERS, START_METHODS, RunnerKind
@@ -55,9 +61,12 @@ def parse_resources(spec: str | Iterable[str]) -> dict[str, float]:
     return parse_op_values(spec, float, "N")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Execution:
     """Where and how fast work runs; changing any of it never changes a batch.
+
+    Frozen, like `Recipe`: a changed execution is a new one
+    (``dataclasses.replace(ex, group_size=4)``), checked again by its declarations.
 
     These defaults are the only ones: the command line's flags and the
     TorchTitan config's fields take theirs from here. The default is the fast
@@ -92,17 +101,19 @@ class Execution:
         help="workers of one operator, e.g. tokenize=2; auto: split the rank's budget over "
         "the process stages by their measured cost while the run goes (never changes a batch)")
     default_workers: int | None = setting(
-        None, help="workers of every operator not in `workers` (none: usable cores // ranks "
+        None, min=1, help="workers of every operator not in `workers` (none: usable cores // ranks "
         "on this machine for process and Ray stages, one thread for thread stages)")
     group_size: int = setting(
-        8, unit="samples", help="the most samples per worker call (a lane sends about 0.1 s "
+        8, unit="samples", min=1, help="the most samples per worker call (a lane sends about 0.1 s "
         "of the stage's measured CPU per call: costly samples, clips or large photos, go "
         "in smaller groups, so fewer decoded ones wait for rows wanted steps later)")
     prefetch: int | None = setting(
-        None, unit="groups", help="groups in flight per lane and stage (none: enough to give "
+        None, unit="groups", min=1,
+        help="groups in flight per lane and stage (none: enough to give "
         "every worker two groups, at least 2, so many lanes do not pile up finished "
         "documents in memory)")
-    prefetch_steps: int = setting(1, unit="steps", help="steps collated ahead of the trainer")
+    prefetch_steps: int = setting(1, unit="steps", min=0,
+                                  help="steps collated ahead of the trainer")
     start_method: str = setting(
         "auto", choices=START_METHODS, help="how process workers start (multiprocessing). "
         "auto: fork on Linux when every Python thread but the starting one is zephon's own "
@@ -112,17 +123,18 @@ class Execution:
     fuse: bool = setting(True, help="fuse consecutive transforms with the same runner and "
                          "worker count into one stage (one worker call per group)")
     group_timeout: float | None = setting(
-        300.0, unit="seconds", help="a process worker may spend this long on one group "
+        300.0, unit="seconds", above=0, help="a process worker may spend this long on one group "
         "before it is killed and replaced and the group re-run (none: wait forever). A "
         "healthy group takes well under a second, a slow read or a long video seconds: 300 s "
         "never fires on those, yet a hang surfaces, naming its samples, before torch's "
         "10-minute collective timeout kills the job with no hint")
     stall_seconds: float | None = setting(
-        60.0, unit="seconds", help="log each lane's drops by reason after this long without "
+        60.0, unit="seconds", above=0,
+        help="log each lane's drops by reason after this long without "
         "a new row on any of the rank's lanes, repeated while it lasts (none: never). Only a "
         "log line: it never stops the run")
     stall_drops: int | None = setting(
-        2000, unit="samples", help="a lane that drops this many consecutive samples (none "
+        2000, unit="samples", min=1, help="a lane that drops this many consecutive samples (none "
         "reaching a row or an open bin in between) stops with a NoRowsError naming the "
         "reasons, e.g. seq_len smaller than every sample (none: never). Where it stops is a "
         "function of the lane's data, not of timing")
@@ -131,7 +143,7 @@ class Execution:
     #: how a group's neighbouring samples in one remote shard share a range request
     coalesce: Coalesce = field(default_factory=Coalesce)
     backlog_bytes: int | None = setting(
-        256 << 20, unit="bytes", help="bytes of finished documents (decoded pixels, tokens: "
+        256 << 20, unit="bytes", min=1, help="bytes of finished documents (decoded pixels, tokens: "
         "packer bins, rows waiting for their step, prefetched steps) one rank's lanes may "
         "hold before they stop drawing new samples (backpressure, never drops; none: no "
         "bound). See engine/backlog.py for what may pass it")
@@ -146,7 +158,8 @@ class Execution:
         "RAY_ADDRESS, else the latest cluster started on this machine, else a local Ray "
         "instance; docs/ray.md)")
     ray_connect_timeout: float = setting(
-        RAY_CONNECT_TIMEOUT, unit="seconds", help="with the ray runner and a cluster's address "
+        RAY_CONNECT_TIMEOUT, unit="seconds", above=0,
+        help="with the ray runner and a cluster's address "
         "(ray_address or RAY_ADDRESS): how long to wait for its head to answer and the "
         "connection to be made before the run stops with an error naming the address (Ray "
         "itself retries for many minutes)")
@@ -171,7 +184,7 @@ class Execution:
         if isinstance(self.workers, str) and self.workers != AUTO:
             raise ConfigError(f"workers must map operator names to counts, or be {AUTO!r}; "
                               f"got {self.workers!r}")
-        check_choices(self)
+        check_settings(self)
         for op, kind in self.runners.items():
             if kind not in (*RUNNERS, AUTO):
                 raise ConfigError(f"Execution.runners names runner {kind!r} for {op!r}; "
@@ -182,30 +195,6 @@ class Execution:
         if bad:
             raise ConfigError(f"ray_resources must map resource names to amounts > 0, e.g. "
                               f"{{'zephon_cpu': 1}}; got {bad}")
-        if self.group_size < 1 or (self.prefetch or 1) < 1 or self.prefetch_steps < 0:
-            raise ConfigError("group_size and prefetch must be >= 1, prefetch_steps >= 0")
-        if self.stall_seconds is not None and not self.stall_seconds > 0:
-            raise ConfigError(f"stall_seconds must be > 0 seconds or None (no log), "
-                              f"not {self.stall_seconds!r}")
-        if self.stall_drops is not None and self.stall_drops < 1:
-            raise ConfigError(f"stall_drops must be >= 1 or None (never stop), "
-                              f"not {self.stall_drops!r}")
-        if self.backlog_bytes is not None and self.backlog_bytes < 1:
-            raise ConfigError(f"backlog_bytes must be >= 1 or None (no bound), "
-                              f"not {self.backlog_bytes!r}")
-        if not self.ray_connect_timeout > 0:
-            raise ConfigError(f"ray_connect_timeout must be > 0 seconds, not "
-                              f"{self.ray_connect_timeout!r}")
-        if self.group_timeout is not None and not self.group_timeout > 0:
-            raise ConfigError(f"group_timeout must be > 0 seconds or None (no deadline), "
-                              f"not {self.group_timeout!r}")
-        r = self.retry
-        if not (r.deadline >= 0 and r.initial > 0 and r.maximum > 0 and r.request_timeout > 0):
-            raise ConfigError(f"retry: deadline must be >= 0 and initial, maximum and "
-                              f"request_timeout > 0 seconds, not {r}")
-        if self.coalesce.max_bytes < 0 or self.coalesce.max_gap < 0:
-            raise ConfigError(f"coalesce: max_bytes and max_gap must be >= 0, not "
-                              f"{self.coalesce}")
 
     @property
     def auto_workers(self) -> bool:

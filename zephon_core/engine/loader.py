@@ -23,6 +23,7 @@ from zephon_core.engine.checkpoint import (
     gather_global_state,
     lane_changes_of,
     make_state,
+    migrate_state,
     resized_of,
 )
 from zephon_core.engine.execution import Execution
@@ -499,6 +500,7 @@ class Loader(BackgroundSteps):
         (`zephon_core.change_lanes`, docs/elastic-changes.md), the same at every
         rank count. Without it, another lane count is refused.
         """
+        state = migrate_state(state)
         if allow_lane_change and isinstance(state, dict) and \
                 state.get("num_lanes") != self.recipe.num_lanes:
             with storage_settings(self.execution.storage()):

@@ -14,7 +14,7 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.kinds import RunnerKind, StageKind
 from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runner_base import Runner
-from zephon_core.engine.runners import make_runner
+from zephon_core.engine.runners import RunnerSpec, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
 
@@ -143,11 +143,8 @@ class Plan:
                     op.release()  # type: ignore[attr-defined]
 
     def make_runners(self) -> dict[int, Runner]:
-        ex = self.execution
-        return {s.index: make_runner(s.runner_kind, self.stage_fn(s), s.workers,
-                                     ex.start_method, s.name, ex.group_timeout,
-                                     ex.ray_address, ex.ray_resources,
-                                     ex.ray_connect_timeout)
+        return {s.index: make_runner(RunnerSpec.from_execution(self.execution, s),
+                                     self.stage_fn(s))
                 for s in self.stages if s.kind is StageKind.TRANSFORM}
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,

@@ -43,6 +43,7 @@ from zephon_core.engine.checkpoint import (
     check_state,
     lane_changes_of,
     make_state,
+    migrate_state,
     resized_of,
 )
 from zephon_core.engine.snapshot import LaneSnapshot
@@ -64,6 +65,7 @@ def change_lanes(state: Any, recipe: Recipe, sizes: list[list[int]] | None = Non
     operators whose per-lane state cannot be re-dealt (e.g. balanced packing,
     whose groups are ``G / L`` rows), naming them.
     """
+    state = migrate_state(state)
     _refuse_unsupported(state, recipe)
     fp = fingerprint if fingerprint is not None else recipe.fingerprint()
     L = _lanes(state)

@@ -42,11 +42,14 @@ origins and slices, like `Pack`'s, and `check_state` validates it.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from zephon_core.common.settings import setting
+from zephon_core.common.deprecation import deprecation, moved_keywords
+from zephon_core.common.settings import check_settings, setting, settings_from_table
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Recompute, Segment, StateChecks
 from zephon_core.ops.rowpack import RowFiller, RowPacker, RowPackOp
@@ -83,18 +86,57 @@ class BalanceSettings:
     """
 
     budget: float = setting(
-        unit="cost", help="the mean cost per row (a VLM recipe: vision tokens); `zephon-vl "
+        unit="cost", above=0,
+        help="the mean cost per row (a VLM recipe: vision tokens); `zephon-vl "
         "balance` reports a recipe's mean as mean_vision_tokens_per_row")
-    heavy_every: int = setting(0, unit="steps", help="every this many steps is a heavy step "
-                               "for documents too costly for an average step (0: none)")
-    heavy_budget: float = setting(0.0, unit="cost", help="a heavy step's cost per group (one "
-                                  "lane's rows of a step), above one group's mean")
-    lookahead: int = setting(4, unit="groups", help="groups' worth of documents a lane holds "
-                             "before its target is corrected toward what it holds")
-    tolerance: float = setting(0.03, unit="fraction", help="the largest relative correction "
-                               "of a step's target toward what the lane holds")
+    heavy_every: int = setting(
+        0, unit="steps", min=0,
+        help="every this many steps is a heavy step for documents too costly for an average "
+        "step (0: none)")
+    heavy_budget: float = setting(
+        0.0, unit="cost", min=0,
+        help="a heavy step's cost per group (one lane's rows of a step), above one group's "
+        "mean")
+    lookahead: int = setting(
+        4, unit="groups", min=1,
+        help="groups' worth of documents a lane holds before its target is corrected toward "
+        "what it holds")
+    tolerance: float = setting(
+        0.03, unit="fraction", min=0, below=0.5,
+        help="the largest relative correction of a step's target toward what the lane holds")
     split_text: bool = setting(True, help="split text documents across rows to fill them "
                                "(a document with images is never cut)")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.heavy_every == 1:
+            raise ConfigError("BalanceSettings.heavy_every must be 0 (no heavy steps) or >= 2 "
+                              "(every second step or rarer); got 1")
+
+
+#: ``BalancedPack(seq_len, cost, 256.0)``: the budget given where `balance` now goes
+_POSITIONAL_BUDGET = deprecation("BalancedPack(seq_len, cost, budget)",
+                                 "BalancedPack(seq_len, cost, {'budget': ...})", "0.4.0")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _budget_given_positionally(init: F) -> F:
+    """Keep ``BalancedPack(seq_len, cost, budget, ...)`` of before 0.4 working: a number
+    where `balance` goes is its budget (with a DeprecationWarning)."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) >= 3 and isinstance(args[2], int | float) and not isinstance(args[2], bool):
+            given = kwargs.get("balance") or {}  # other old keywords, moved there already
+            if len(args) > 3 or not isinstance(given, Mapping) or "budget" in given:
+                raise TypeError("BalancedPack(seq_len, cost, budget, ...) of before 0.4: give "
+                                "the rest as keywords, or balance={'budget': ...}")
+            _POSITIONAL_BUDGET.warn(stacklevel=3)  # under `moved_keywords`' wrapper
+            args, kwargs = args[:2], {**kwargs, "balance": {**given, "budget": args[2]}}
+        return init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class BalancedPack(RowPackOp):
@@ -110,42 +152,44 @@ class BalancedPack(RowPackOp):
                         "(split_text=True; a document with images is never cut)")
     settings_hint = "for BalancedPack: seq_len, limits, split_text"
 
-    def __init__(self, seq_len: int, cost: str, budget: float, rows_per_group: int = 1,
-                 heavy_every: int = 0, heavy_budget: float = 0.0, lookahead: int = 4,
-                 tolerance: float = 0.03, split_text: bool = True,
-                 limits: dict[str, int] | None = None, pad_id: int = 0, name: str = "pack",
-                 filler: RowFiller | None = None) -> None:
-        if seq_len < 2 or rows_per_group < 1 or lookahead < 1:
-            raise ConfigError("balanced packing needs seq_len >= 2, rows_per_group >= 1 and "
-                              "lookahead >= 1")
-        if budget <= 0:
-            raise ConfigError(f"balanced packing needs a budget > 0 of {cost!r} per row, got "
-                              f"{budget}; `zephon-vl balance` reports the mean per row of a "
-                              "recipe as mean_vision_tokens_per_row")
-        if not 0 <= tolerance < 0.5:
-            raise ConfigError(f"balanced packing tolerance must be in [0, 0.5), got {tolerance}")
-        if heavy_every == 1 or heavy_every < 0:
-            raise ConfigError(f"heavy_every must be 0 (off) or >= 2, got {heavy_every}")
+    @moved_keywords("BalancedPack", "0.4.0",
+                    {k: f"balance.{k}" for k in ("budget", "heavy_every", "heavy_budget",
+                                                 "lookahead", "tolerance", "split_text")})
+    @_budget_given_positionally
+    def __init__(self, seq_len: int, cost: str,
+                 balance: BalanceSettings | Mapping[str, Any] | None = None,
+                 rows_per_group: int = 1, limits: dict[str, int] | None = None,
+                 pad_id: int = 0, name: str = "pack", filler: RowFiller | None = None) -> None:
+        """`balance`: the step targets (`BalanceSettings`, or its fields as a mapping; its
+        `budget` has no default), the declaration that holds the defaults and bounds."""
+        b = settings_from_table(BalanceSettings, balance or {}, "balance")
+        if seq_len < 2 or rows_per_group < 1:
+            raise ConfigError(f"balanced packing needs seq_len >= 2 and rows_per_group >= 1, "
+                              f"got {seq_len} and {rows_per_group}")
         self._set_rows(seq_len, limits, pad_id, name, filler)
+        self.balance = b
         self.cost = cost
-        self.budget = float(budget)
+        self.budget = float(b.budget)
         self.rows_per_group = rows_per_group
-        self.heavy_every = heavy_every
-        self.heavy_budget = float(heavy_budget)
-        self.lookahead = lookahead
-        self.tolerance = float(tolerance)
-        self.split_text = split_text
-        mean = self.budget * rows_per_group
-        if heavy_every:
-            light = (heavy_every * mean - self.heavy_budget) / (heavy_every - 1)
-            if self.heavy_budget <= mean or light <= 0:
-                raise ConfigError(
-                    f"heavy_budget={heavy_budget} must lie between one group's mean budget "
-                    f"({mean:g}) and {heavy_every * mean:g} (heavy_every x mean), so that the "
-                    "light steps keep a positive budget")
-            self.light = light
-        else:
-            self.light = mean
+        self.heavy_every = b.heavy_every
+        self.heavy_budget = float(b.heavy_budget)
+        self.lookahead = b.lookahead
+        self.tolerance = float(b.tolerance)
+        self.split_text = b.split_text
+        self.light = self._light_target()
+
+    def _light_target(self) -> float:
+        """A light step's target per group: the mean, less what the heavy steps take."""
+        mean = self.budget * self.rows_per_group
+        if not self.heavy_every:
+            return mean
+        light = (self.heavy_every * mean - self.heavy_budget) / (self.heavy_every - 1)
+        if self.heavy_budget <= mean or light <= 0:
+            raise ConfigError(
+                f"heavy_budget={self.heavy_budget:g} must lie between one group's mean budget "
+                f"({mean:g}) and {self.heavy_every * mean:g} (heavy_every x mean), so that the "
+                "light steps keep a positive budget")
+        return light
 
     def target(self, group: int) -> float:
         """The cost every lane aims at for its rows of step `group`."""

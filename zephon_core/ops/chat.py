@@ -19,12 +19,16 @@ Control tokens are inserted by id; the text of a turn is tokenized as text
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_core.common.settings import check_choices, setting, settings_from_table
+from zephon_core.common.settings import (
+    check_choices,
+    setting,
+    settings_fingerprint,
+    settings_from_table,
+)
 from zephon_core.errors import BadSampleError, ConfigError
 
 #: the text placeholder of a media slot in a string turn (LLaVA's convention)
@@ -52,16 +56,22 @@ class ChatFraming:
     """
 
     system_prompt: str | None = setting(
-        None, help="a system turn with this text goes before a chat whose first turn is not "
+        None, since="0.3.0",
+        help="a system turn with this text goes before a chat whose first turn is not "
         "a system turn (none: no system turn is added)")
     train_roles: tuple[str, ...] = setting(
-        ("assistant",), choices=CHAT_ROLES, help="the roles whose turns are targets (their "
-        "text; media slots and turn openings never are)")
-    train_turn_end: bool = setting(True, help="a trained turn's closing tokens (<|im_end|>\\n "
-                                   "in ChatML) are targets too")
-    end_of_text: bool = setting(True, help="the tokenizer's end-of-text token follows every "
-                                "document (chat, caption, interleaved, text)")
-    train_end_of_text: bool = setting(True, help="that end-of-text is a target")
+        ("assistant",), since="0.3.0", choices=CHAT_ROLES,
+        help="the roles whose turns are targets (their text; media slots and turn openings "
+        "never are)")
+    train_turn_end: bool = setting(
+        True, since="0.3.0",
+        help="a trained turn's closing tokens (<|im_end|>\\n in ChatML) are targets too")
+    end_of_text: bool = setting(
+        True, since="0.3.0",
+        help="the tokenizer's end-of-text token follows every document (chat, caption, "
+        "interleaved, text)")
+    train_end_of_text: bool = setting(True, since="0.3.0",
+                                      help="that end-of-text is a target")
 
     def __post_init__(self) -> None:
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
@@ -78,16 +88,11 @@ class ChatFraming:
                                   f"{getattr(self, name)!r}")
 
     def settings(self) -> dict:
-        """The fields that differ from the defaults, for checkpoint fingerprints: a
-        checkpoint written before framing was a setting keeps a valid fingerprint,
-        and a resume with a changed framing is refused naming the field."""
-        default = ChatFraming()
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value != getattr(default, f.name):
-                out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        """The fields that differ from the defaults, for checkpoint fingerprints: every
+        field is declared ``since`` 0.3.0, so a checkpoint written before framing was a
+        setting keeps a valid fingerprint, and a resume with a changed framing is refused
+        naming the field."""
+        return settings_fingerprint(self)
 
     def end_of_text_piece(self, eos: int | None) -> list[tuple[str, Any, bool]]:
         """The piece that ends every document: ``[]`` without one."""

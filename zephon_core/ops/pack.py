@@ -19,12 +19,14 @@ when the row is popped.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from zephon_core.common.settings import check_choices, setting
+from zephon_core.common.deprecation import moved_keywords
+from zephon_core.common.settings import check_settings, setting, settings_from_table
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Recompute, Row, Segment, StateChecks
 from zephon_core.ops.rowpack import FILLER_ORIGIN, RowFiller, RowPacker, RowPackOp
@@ -48,13 +50,14 @@ class PackSettings:
     pack_mode: str = setting("best_fit", choices=MODES, help="which open row a document "
                              "goes to: the first it fits (first_fit) or the one it fills best "
                              "(best_fit)")
-    max_open_bins: int = setting(4, unit="rows", help="partially filled rows kept open per "
+    max_open_bins: int = setting(4, unit="rows", min=1, help="partially filled rows kept open per "
                                  "lane; when a document fits none, the fullest is closed")
     overlong: str = setting("split", choices=OVERLONG, help="a document longer than seq_len: "
                             "split into rows whose positions restart, truncated, or dropped")
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        check_settings(self)
+
 
 class Pack(RowPackOp):
     """Pack documents into rows of `seq_len` tokens, per lane (the usual combiner)."""
@@ -65,19 +68,21 @@ class Pack(RowPackOp):
                         "documents (overlong='truncate'; a document with images is never cut)")
     settings_hint = "for Pack: seq_len, limits, overlong"
 
-    def __init__(self, seq_len: int, mode: str = "best_fit", max_open_bins: int = 4,
-                 overlong: str = "split", limits: dict[str, int] | None = None,
-                 pad_id: int = 0, name: str = "pack", filler: RowFiller | None = None) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"pack mode must be one of {MODES}, got {mode!r}")
-        if overlong not in OVERLONG:
-            raise ConfigError(f"pack overlong must be one of {OVERLONG}, got {overlong!r}")
-        if seq_len < 2 or max_open_bins < 1:
-            raise ConfigError("pack needs seq_len >= 2 and max_open_bins >= 1")
+    @moved_keywords("Pack", "0.4.0", {"mode": "pack.pack_mode",
+                                      "max_open_bins": "pack.max_open_bins",
+                                      "overlong": "pack.overlong"})
+    def __init__(self, seq_len: int, pack: PackSettings | Mapping[str, Any] | None = None,
+                 limits: dict[str, int] | None = None, pad_id: int = 0, name: str = "pack",
+                 filler: RowFiller | None = None) -> None:
+        """`pack`: how documents go to rows (`PackSettings`, or its fields as a mapping;
+        None: its defaults), the declaration that holds the defaults, choices and bounds."""
+        self.pack = settings_from_table(PackSettings, pack or {}, "pack")
+        if seq_len < 2:
+            raise ConfigError(f"pack needs seq_len >= 2, got {seq_len}")
         self._set_rows(seq_len, limits, pad_id, name, filler)
-        self.mode = mode
-        self.max_open_bins = max_open_bins
-        self.overlong = overlong
+        self.mode = self.pack.pack_mode
+        self.max_open_bins = self.pack.max_open_bins
+        self.overlong = self.pack.overlong
 
     def settings(self) -> dict:
         return self._with_filler({

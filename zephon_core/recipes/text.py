@@ -71,8 +71,7 @@ def text_recipe(files: Files | Mapping[str, Files], tokenizer: str | os.PathLike
         Tokenize(tokenizer, text_key="text", on_error=on_error,  # readers rename text_key
                  chat=chat_framing(chat)),
         MinTokens(min_tokens),
-        Pack(seq_len, mode=pack.pack_mode, max_open_bins=pack.max_open_bins,
-             overlong=pack.overlong, pad_id=pad_id),
+        Pack(seq_len, pack, pad_id=pad_id),
     ]
     ops = insert_user_ops(ops, as_user_ops(operators), {"read": "read", "tokenize": "tokenize"},
                           "text")

@@ -9,12 +9,12 @@ from zephon_core import Execution
 from zephon_core.extend import FlatSetting, flat_settings
 
 
-def add_execution_args(p: argparse.ArgumentParser) -> None:
+def add_execution_args(p: argparse.ArgumentParser, cls: type[Execution] = Execution) -> None:
     """One flag per `Execution` setting, made from its declaration (`flat_settings`): the
     same names (``--retry-deadline`` is ``Execution.retry.deadline``), units and spellings
-    as the TorchTitan config's fields."""
+    as the TorchTitan config's fields. `cls`: `Execution` or a subclass with more."""
     g = p.add_argument_group("execution (never changes the data; defaults are Execution's)")
-    for s in flat_settings(Execution):
+    for s in flat_settings(cls):
         g.add_argument(s.flag, dest=s.name, default=None,
                        action="append" if s.mapping else "store",
                        choices=s.info.choices or None,
@@ -32,14 +32,15 @@ def _metavar(s: FlatSetting) -> str | None:
     return {"bytes": "BYTES", "seconds": "SECONDS"}.get(s.info.unit, "N" if s.info.unit else None)
 
 
-def execution_from(args: argparse.Namespace) -> Execution:
-    """The `Execution` of the flags given (the others: its defaults), via `from_flat`."""
+def execution_from(args: argparse.Namespace, cls: type[Execution] = Execution) -> Execution:
+    """The `Execution` (or subclass `cls`) of the flags given (the others: its defaults),
+    via `from_flat`."""
     flat = {}
-    for s in flat_settings(Execution):
+    for s in flat_settings(cls):
         value = getattr(args, s.name, None)
         if value is not None:
             flat[s.name] = ",".join(value) if s.mapping else value
-    return Execution.from_flat(flat)
+    return cls.from_flat(flat)
 
 
 def positive_int(text: str) -> int:

@@ -45,7 +45,7 @@ from zephon_core import CheckpointError, Loader
 from zephon_core.extend import gloo_group, parse_state
 from zephon_vl.ops.device import to_device
 from zephon_vl.titan.resolve import resolve_config
-from zephon_vl.titan.settings import ExecutionConfig
+from zephon_vl.titan.settings import ImageConfig
 from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY, STATE_VERSION, wrap_state
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,11 @@ class ZephonDataLoader(BaseDataLoader):
     """Elastically deterministic zephon batches for TorchTitan's trainer."""
 
     @dataclass(kw_only=True, slots=True)
-    class Config(ExecutionConfig):
+    class Config(ImageConfig):
         """The dataloader's fields; every `Execution` setting is one more, generated under
         its flat name (``runner``, ``workers``, ``retry_deadline``, ``backlog_bytes``...;
-        `zephon_vl.titan.settings`)."""
+        `zephon_vl.titan.settings`), and so are the image settings ``image_preset`` takes
+        (``max_pixels``, ``min_pixels``, ``max_patches``: `IMAGE_OVERRIDES`)."""
 
         recipe: str = "text-demo"
         """A built-in recipe name (``text-demo``, ``vlm-demo``) or a recipe TOML file. With
@@ -104,17 +105,6 @@ class ZephonDataLoader(BaseDataLoader):
         ``qwen3_5`` = Qwen3.5's (patch 16, temporal patch 2, merge 2, mean/std 0.5, at most
         ``max_pixels`` pixels). Empty = the recipe's own. A TOML recipe sets them in its
         ``[image]`` table."""
-
-        max_pixels: int = 128 * 32 * 32
-        """With ``image_preset``: the largest image, in pixels (128 merged tokens)."""
-
-        min_pixels: int = 0
-        """With ``image_preset``: the smallest image, in pixels (smaller ones are scaled
-        up); 0 = the preset's (qwen3_5: 65536, TorchTitan's value)."""
-
-        max_patches: int = 0
-        """With ``image_preset`` of a patch-budget family (``kimi_k2_5``): the most patches
-        an image keeps (scaled down to it, never up); 0 = the preset's (16384)."""
 
         background: bool = False
         """Run the lanes and collation in a driver thread, ``prefetch_steps`` ahead."""

@@ -16,7 +16,7 @@ from zephon_core import ConfigError, Execution, Recipe, UnknownKeyError, load_re
 from zephon_core.extend import check_lane_geometry, unknown_operators
 from zephon_vl.families.base import ModelFamily, TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
-from zephon_vl.titan.settings import execution_of
+from zephon_vl.titan.settings import execution_of, image_overrides
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,7 @@ def recipe_overrides(config: Any, family: ModelFamily) -> dict[str, Any]:
                 f"encoder's image settings, but model_format={config.model_format!r} takes "
                 "no images; use a VLM recipe with a vision model_format (e.g. "
                 "--dataloader.model_format qwen3_5), or leave image_preset empty")
-        image = preset_image_settings(config.image_preset, config.max_pixels,
-                                      config.min_pixels, config.max_patches)
+        image = preset_image_settings(config.image_preset, **image_overrides(config))
         if config.normalize_on_device:
             image = dataclasses.replace(image, normalize="device")
         overrides["image"] = image
@@ -124,16 +123,15 @@ def build_recipe(config: Any, seq_len: int, overrides: dict[str, Any],
         raise
 
 
-def preset_image_settings(name: str, max_pixels: int, min_pixels: int = 0,
-                          max_patches: int = 0) -> Any:
+def preset_image_settings(name: str, max_pixels: int, min_pixels: int | None = None,
+                          max_patches: int | None = None) -> Any:
     """The ImageSettings of the vision-language family `name` (``image_preset``);
-    `min_pixels`, `max_patches` 0: the preset's."""
+    `min_pixels`, `max_patches` None: the preset's."""
     try:
         family = vision_family(name)
-        if max_patches:
-            return family.image_settings(max_pixels, min_pixels or None,
-                                         max_patches=max_patches)
-        return family.image_settings(max_pixels, min_pixels or None)
+        if max_patches is not None:
+            return family.image_settings(max_pixels, min_pixels, max_patches=max_patches)
+        return family.image_settings(max_pixels, min_pixels)
     except ConfigError as exc:
         raise ConfigError(f"zephon dataloader: image_preset {name!r}: {exc} (set "
                           "--dataloader.max_pixels higher or --dataloader.min_pixels "
