@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "DataFormat": "zephon_core.data.formats",
     "data_format": "zephon_core.data.formats",
     "known_formats": "zephon_core.data.formats",
+    "format_options": "zephon_core.data.formats",
     "open_shard": "zephon_core.data.storage",
     "stat_shard": "zephon_core.data.storage",
     "StoredFile": "zephon_core.data.storage",

@@ -201,6 +201,12 @@ def known_formats() -> list[str]:
     return sorted(_FORMATS)
 
 
+def format_options() -> dict[str, list[str]]:
+    """Each registered format's dataset options (``[[datasets]]`` keys besides the table's
+    own), by format name: what a recipe file may set per dataset."""
+    return {name: sorted(data_format(name).options) for name in known_formats()}
+
+
 def data_format(name: str) -> DataFormat:
     """The format registered as `name`; ConfigError listing the known ones otherwise."""
     ensure_plugins()

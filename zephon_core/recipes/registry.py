@@ -300,10 +300,10 @@ def _keyword_keys(factory: RecipeFactory) -> list[str] | None:
 def recipe_file_keys() -> dict[str, dict[str, list[str]]]:
     """The keys recipe files accept, by kind and table: ``""`` (the top level),
     ``"[shuffle]"``, ``"[pack]"``... (one per settings parameter of the kind's factory),
-    ``"[[datasets]]"`` (a dataset table's own keys and the kind's `dataset_keys`),
-    ``"[[datasets]] format = '<name>'"`` (each registered format's options) and
-    ``"[[phases]]"``; derived from the declarations the reader checks against
-    (docs/api.txt lists them). A factory that takes ``**kwargs`` lists ``"*"``."""
+    ``"[[datasets]]"`` (a dataset table's own keys and the kind's `dataset_keys`; the
+    options of each format are `format_options`) and ``"[[phases]]"``; derived from the
+    declarations the reader checks against (docs/api.txt lists them). A factory that takes
+    ``**kwargs`` lists ``"*"``."""
     ensure_plugins()
     out = {}
     for kind, ref in sorted(_KINDS.items()):
@@ -313,8 +313,6 @@ def recipe_file_keys() -> dict[str, dict[str, list[str]]]:
                               *(keywords if keywords is not None else ["*"])}),
                   "[[datasets]]": sorted((*_DATASET_KEYS, *dataset_keys_of(factory))),
                   "[[phases]]": sorted(_PHASE_KEYS)}
-        for name in known_formats():
-            tables[f"[[datasets]] format = {name!r}"] = sorted(data_format(name).options)
         for param, cls in _settings_parameters(factory).items():
             tables[f"[{param}]"] = sorted(f.name for f in dataclasses.fields(cls)
                                           if not f.name.startswith("_"))
