@@ -79,7 +79,8 @@ def test_a_recipe_file_checks_options_against_the_format(tiny: Path) -> None:
     assert recipe.datasets[0].reader.shard_len(0) == 4
     path.write_text(f'kind = "tiny-lines"\n{table}colour = "red"\n')
     with pytest.raises(ConfigError, match=r"r\.toml: unknown key 'colour' in \[\[datasets\]\] "
-                       r"#1 \(format 'tiny-lines'\); known: .*fields, skip_blank, notes_folder"):
+                       r"#1; known: .*fields, skip_blank, notes_folder \(format 'tiny-lines' "
+                       r"takes skip_blank, notes_folder\)"):
         load_recipe(str(path))
     with pytest.raises(ConfigError, match=r"unknown option 'colour' for a 'tiny-lines' "
                        r"dataset; its options: skip_blank, notes_folder"):

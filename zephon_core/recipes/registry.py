@@ -359,8 +359,11 @@ def _datasets(tables: Any, base: Path,
         if fmt is not None and not isinstance(fmt, str):
             raise ConfigError(f"[[datasets]] #{i + 1}: format must be a string, got "
                               f"{fmt!r}; known: {', '.join(known_formats())}")
-        options = _options(d, i, data_format(dataset_format(DatasetSpec(found, fmt))),
-                           kind_keys, base)
+        try:
+            read_as = data_format(dataset_format(DatasetSpec(found, fmt)))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {d['name']!r}: {exc}") from None
+        options = _options(d, i, read_as, kind_keys, base)
         if "format" in d or "fields" in d or options:
             fields = d.get("fields", {})
             if not isinstance(fields, dict):
@@ -381,8 +384,9 @@ def _options(table: dict[str, Any], i: int, fmt: DataFormat, kind_keys: Sequence
     unknown = sorted(set(options) - {*fmt.options, *kind_keys})
     if unknown:
         keys = (*_DATASET_KEYS, *fmt.options, *kind_keys)
-        raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1} (format "
-                          f"{fmt.name!r}); known: {', '.join(keys)}")
+        takes = ", ".join(fmt.options) or "no options"
+        raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; known: "
+                          f"{', '.join(keys)} (format {fmt.name!r} takes {takes})")
     for key in set(options) & set(fmt.path_options):
         value = options[key]
         if isinstance(value, list):
