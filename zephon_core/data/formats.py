@@ -246,9 +246,10 @@ def default_format(files: Files | str) -> str:
     if not owned:
         return "text"
     if len(suffixes) > 1:
+        which = "each format's files" if len(owned) > 1 else "the text files"
         raise ConfigError(f"a dataset mixes {owned[0]} files (format "
                           f"{_SUFFIXES[owned[0]]!r}) with {sorted(suffixes - {owned[0]})} "
-                          "files; give each kind of file a dataset of its own")
+                          f"files; give {which} a dataset of their own")
     return _SUFFIXES[owned[0]]
 
 
