@@ -17,8 +17,11 @@ from __future__ import annotations
 from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    # packaging a package's names
+    # packaging a package's names; its plugin (formats, recipes, kinds, families)
     "lazy_exports": "zephon_core.common.exports",
+    "ensure_plugins": "zephon_core.common.plugins",
+    "load_plugins": "zephon_core.common.plugins",
+    "PLUGIN_GROUP": "zephon_core.common.plugins:GROUP",
     # the operator contracts: per-lane state, rows, a fused stage
     "Operator": "zephon_core.ops.contract",
     "StatefulOp": "zephon_core.ops.contract",
@@ -36,8 +39,10 @@ _EXPORTS: dict[str, str] = {
     "KnowsShardLengths": "zephon_core.data.readers",
     "NamesSamples": "zephon_core.data.readers",
     "register_format": "zephon_core.data.formats",
+    "DataFormat": "zephon_core.data.formats",
     "data_format": "zephon_core.data.formats",
     "known_formats": "zephon_core.data.formats",
+    "format_options": "zephon_core.data.formats",
     "open_shard": "zephon_core.data.storage",
     "stat_shard": "zephon_core.data.storage",
     "StoredFile": "zephon_core.data.storage",
@@ -53,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "settings_table": "zephon_core.common.settings",
     "forwards_to": "zephon_core.recipes.registry",
     "settings_groups": "zephon_core.recipes.registry",
+    "dataset_keys": "zephon_core.recipes.registry",
     "accepted_keys": "zephon_core.recipes.registry",
     "recipe_file_keys": "zephon_core.recipes.registry",
     "moved_keywords": "zephon_core.common.deprecation",

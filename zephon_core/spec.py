@@ -102,7 +102,7 @@ class Recipe:
         if not self.ops or not isinstance(self.ops[-1], CombinerOp):
             raise ConfigError("a recipe's operators must end with a CombinerOp that makes rows, "
                               "such as Pack(seq_len=...)")
-        seq_len = getattr(self.ops[-1], "seq_len", None)
+        seq_len = self.ops[-1].seq_len
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"the combiner {self.ops[-1].name!r} must set seq_len (tokens per "
                               f"row) to a positive int, got {seq_len!r}")

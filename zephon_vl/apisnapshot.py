@@ -10,8 +10,9 @@ change to the surface is a visible diff that goes with a changelog line. It list
 signature; each class's constructor, public methods, properties and attributes (a
 dataclass's fields with their defaults, an enum's members); each constant's value; a name
 re-exported from another namespace as an alias; every deprecation still served; and the
-keys recipe files accept, by kind and table. The text is the same in every run and
-process: no memory addresses, sets sorted, defaults spelled by a fixed rule.
+keys recipe files accept, by kind and table, and each dataset format's options. The text
+is the same in every run and process: no memory addresses, sets sorted, defaults spelled
+by a fixed rule.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from zephon_core.extend import deprecations, recipe_file_keys
+from zephon_core.extend import deprecations, format_options, recipe_file_keys
 
 #: the public namespaces, in the order aliases are resolved (a re-export names the first)
 NAMESPACES = ("zephon_core", "zephon_core.extend", "zephon_vl", "zephon_vl.titan")
@@ -243,6 +244,8 @@ def api_lines() -> list[str]:
         for table, keys in tables.items():
             where = f" {table}" if table else ""
             lines.extend(f"recipe file, kind {kind!r}:{where} {key}" for key in keys)
+    for name, options in format_options().items():
+        lines.extend(f"recipe file, [[datasets]] format = {name!r}: {key}" for key in options)
     return [*HEADER, *sorted(set(lines))]
 
 

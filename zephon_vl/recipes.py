@@ -46,6 +46,7 @@ from zephon_core.extend import (
     as_user_ops,
     check_lane_geometry,
     dataset_format,
+    dataset_keys,
     dataset_reader,
     insert_user_ops,
     moved_keywords,
@@ -98,6 +99,7 @@ PACK_KEYWORDS = {k: f"pack.{k}" for k in ("pack_mode", "max_open_bins", "overlon
 
 @moved_keywords("vlm_recipe", "0.4.0", PACK_KEYWORDS)
 @settings_groups(pack=VisionPackSettings)
+@dataset_keys("image_every_row")
 def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                tokenizer: str | os.PathLike | None, *, seq_len: int = 2048,
                global_batch_size: int = 8, num_lanes: int = 8, seed: int = 0,

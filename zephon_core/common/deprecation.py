@@ -115,8 +115,19 @@ def _importlib(frame: Any) -> bool:
     return frame.f_code.co_filename.startswith("<frozen importlib")
 
 
+#: top-level packages whose frames are the library's, not the user's (`library_package`)
+_LIBRARY = {"zephon_core"}
+
+
+def library_package(name: str) -> None:
+    """Count the frames of package `name` (its top level) as the library's when a warning
+    looks for the user's line; `lazy_exports` marks each package that packages its names
+    with it (zephon_vl does), so the core names no package built on it."""
+    _LIBRARY.add(name.split(".")[0])
+
+
 def _zephon(frame: Any) -> bool:
-    return frame.f_globals.get("__name__", "").split(".")[0] in ("zephon_core", "zephon_vl")
+    return frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARY
 
 
 # -- keywords ------------------------------------------------------------------------

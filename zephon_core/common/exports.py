@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from zephon_core.common.deprecation import MovedName, user_stacklevel
+from zephon_core.common.deprecation import MovedName, library_package, user_stacklevel
 
 
 def lazy_exports(package: str, table: dict[str, str], namespace: dict[str, Any],
@@ -19,8 +19,10 @@ def lazy_exports(package: str, table: dict[str, str], namespace: dict[str, Any],
     the modules its operators use. `moved` (`zephon_core.common.deprecation.moved_names`):
     names that left the package and still resolve, for one minor version, with a
     `DeprecationWarning` naming their new home; they are neither cached nor listed, so
-    every use warns.
+    every use warns. The package's frames count as the library's for warnings
+    (`library_package`): a deprecation warns at the user's line, not at the package's.
     """
+    library_package(package)
     moved = dict(moved or {})
 
     def getattr_(name: str) -> Any:

@@ -5,13 +5,13 @@ A dataset names its ``format`` (TOML ``[[datasets]] format = "llava"``, or
 its files' layout, the record fields it reads (renamable per dataset through
 ``fields``, like Megatron-Energon's field map) and the dataset options it
 takes (``image_folder``...); it builds the dataset's `ShardReader`. Without a
-format, the files' suffix picks one, as before formats had names: ``.tar``
-shards or one ``.json`` manifest are ``webdataset``, ``.jsonl``/``.parquet``
-files ``text``.
+format, the files' suffix picks one: the format registered with that suffix
+(``webdataset`` declares ``.tar`` shards and ``.json`` manifests), else ``text``.
 
-The table names formats by ``"module:attribute"`` and imports one only when a
-dataset asks for it, so the core names the vision-language formats of
-zephon_vl without importing them; `register_format` adds a user's own.
+The core registers only ``text``; other formats come from plugins
+(`zephon_core.common.plugins`: zephon_vl's and any installed package's) or a
+user's `register_format`, each by ``"module:attribute"`` imported only when a
+dataset asks for it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from zephon_core.common.plugins import ensure_plugins, plugin_hint
 from zephon_core.data.locations import is_remote
 from zephon_core.data.readers import ShardReader
 from zephon_core.errors import ConfigError, ZephonError
@@ -54,7 +55,7 @@ class DatasetSpec:
 
 @runtime_checkable
 class DataFormat(Protocol):
-    """What a dataset format provides; see `zephon_vl.formats` for the built-in ones."""
+    """What a dataset format provides (docs/data-formats.md lists the registered ones)."""
 
     #: the registry name (``format = "<name>"``)
     name: str
@@ -62,6 +63,9 @@ class DataFormat(Protocol):
     fields: Mapping[str, str]
     #: the dataset options it accepts, e.g. ``("image_folder",)``
     options: tuple[str, ...]
+    #: the options among them that name files or folders, each a path or URL or a list of
+    #: them: a recipe file resolves them relative to itself, like its ``files``
+    path_options: tuple[str, ...]
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> ShardReader:
@@ -84,6 +88,7 @@ class TextFormat:
     name = "text"
     fields: Mapping[str, str] = {"text": "text"}
     options: tuple[str, ...] = ()
+    path_options: tuple[str, ...] = ()
     chats = ("conversations", "messages")
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
@@ -161,60 +166,91 @@ class RenamedText:
         return record
 
 
-_FORMATS: dict[str, DataFormat | str] = {
-    "text": "zephon_core.data.formats:TextFormat",
-    "webdataset": "zephon_vl.formats.webdataset:WebDatasetFormat",
-    "llava": "zephon_vl.formats.llava:LlavaFormat",
-    "parquet": "zephon_vl.formats.hf_parquet:HFParquetFormat",
-    "messages": "zephon_vl.formats.messages:MessagesFormat",
-    "obelics": "zephon_vl.formats.obelics:ObelicsFormat",
-    "mds": "zephon_vl.formats.mds:MDSFormat",
-    "litdata": "zephon_vl.formats.litdata:LitDataFormat",
-}
+_FORMATS: dict[str, DataFormat | str] = {"text": "zephon_core.data.formats:TextFormat"}
+#: a file suffix -> the format whose files (every file of a dataset) have it
+_SUFFIXES: dict[str, str] = {}
+#: a suffix -> the format one file of it (a dataset given as one path, not a list) indexes
+_MANIFESTS: dict[str, str] = {}
 
 
-def register_format(name: str, fmt: DataFormat | str) -> None:
-    """Make ``format = "<name>"`` build readers with `fmt` (an object or ``"module:attr"``
-    naming a class or an object)."""
+def register_format(name: str, fmt: DataFormat | str, *, suffixes: Sequence[str] = (),
+                    manifests: Sequence[str] = ()) -> None:
+    """Make ``format = "<name>"`` build readers with `fmt` (an object, or ``"module:attr"``
+    naming a class or an object, imported at first use).
+
+    `suffixes` (``(".tar",)``): a dataset without a ``format`` whose files all end so is
+    read as `name`; `manifests` (``(".json",)``): so is a dataset given as one such path.
+    A suffix another format declared is taken over, as a name is.
+    """
+    ensure_plugins()   # a plugin's name never replaces one registered after it
+    if not isinstance(fmt, (str, DataFormat)):
+        raise ConfigError(f"register_format({name!r}) takes a format object or "
+                          f"\"module:attr\"; {fmt!r} lacks some of name, fields, options, "
+                          "path_options, reader(spec, fields, index_cache)")
     _FORMATS[name] = fmt
+    for table, given in ((_SUFFIXES, suffixes), (_MANIFESTS, manifests)):
+        for suffix in given:
+            if not suffix.startswith("."):
+                raise ConfigError(f"register_format({name!r}): a suffix starts with a dot "
+                                  f"('.tar'), got {suffix!r}")
+            table[suffix.lower()] = name
 
 
 def known_formats() -> list[str]:
+    ensure_plugins()
     return sorted(_FORMATS)
+
+
+def format_options() -> dict[str, list[str]]:
+    """Each registered format's dataset options (``[[datasets]]`` keys besides the table's
+    own), by format name: what a recipe file may set per dataset."""
+    return {name: sorted(data_format(name).options) for name in known_formats()}
 
 
 def data_format(name: str) -> DataFormat:
     """The format registered as `name`; ConfigError listing the known ones otherwise."""
+    ensure_plugins()
     ref = _FORMATS.get(name) if isinstance(name, str) else None
     if ref is None:
-        raise ConfigError(f"unknown dataset format {name!r}; known: {', '.join(known_formats())}")
+        raise ConfigError(f"unknown dataset format {name!r}; known: "
+                          f"{', '.join(known_formats())}{plugin_hint()}")
     if isinstance(ref, str):
         module, _, attr = ref.partition(":")
         try:
             obj = getattr(importlib.import_module(module), attr)
         except ImportError as exc:
             raise ConfigError(f"dataset format {name!r} needs {module}, which cannot be "
-                              f"imported ({exc}); install zephon-vl") from None
+                              f"imported ({exc}); install the package that provides it") from None
         ref = obj() if isinstance(obj, type) else obj
+        if not isinstance(ref, DataFormat):
+            raise ConfigError(f"dataset format {name!r} ({_FORMATS[name]}) is not a format: "
+                              "it needs name, fields, options, path_options and "
+                              "reader(spec, fields, index_cache)")
         _FORMATS[name] = ref
     return ref
 
 
 def default_format(files: Files | str) -> str:
-    """Today's suffix rule: ``.tar`` shards or a ``.json`` manifest -> ``webdataset``,
-    ``.jsonl``/``.json``/``.parquet`` files -> ``text``."""
+    """The suffix rule: the format registered with the files' suffix (`register_format`'s
+    `suffixes`, or `manifests` for one path), else ``text``."""
+    ensure_plugins()
     if isinstance(files, (str, os.PathLike)):
-        if not os.fspath(files).endswith(".json"):
+        suffix = os.path.splitext(os.fspath(files))[1].lower()
+        if suffix not in _MANIFESTS:
+            known = ", ".join(f"{s} ({f})" for s, f in sorted(_MANIFESTS.items())) or "none"
             raise ConfigError(f"{os.fspath(files)!r}: a dataset is a list of files or one "
-                              "manifest (.json, from zephon-vl index)")
-        return "webdataset"
+                              f"manifest; manifests known: {known}")
+        return _MANIFESTS[suffix]
     suffixes = {os.path.splitext(os.fspath(f))[1].lower() for f in files}
-    if suffixes == {".tar"}:
-        return "webdataset"
-    if ".tar" in suffixes:
-        raise ConfigError(f"a dataset mixes .tar shards with {sorted(suffixes - {'.tar'})} "
-                          "files; give the text files a dataset of their own")
-    return "text"
+    owned = sorted(s for s in suffixes if s in _SUFFIXES)
+    if not owned:
+        return "text"
+    if len(suffixes) > 1:
+        which = "each format's files" if len(owned) > 1 else "the text files"
+        raise ConfigError(f"a dataset mixes {owned[0]} files (format "
+                          f"{_SUFFIXES[owned[0]]!r}) with {sorted(suffixes - {owned[0]})} "
+                          f"files; give {which} a dataset of their own")
+    return _SUFFIXES[owned[0]]
 
 
 def resolve_fields(fmt: DataFormat, overrides: Mapping[str, Any]) -> dict[str, str]:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_core.engine.kinds import RunnerKind
+from zephon_core.engine.kinds import Resizable, RunnerKind
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,8 @@ def sizer_for(execution: Any, plan: Any, runners: Mapping[int, Any],
     if not execution.auto_workers:
         return None
     stages = {s.index: runners[s.index] for s in plan.stages
-              if s.runner_kind is RunnerKind.PROCESSES and hasattr(runners.get(s.index), "resize")}
+              if s.runner_kind is RunnerKind.PROCESSES
+              and isinstance(runners.get(s.index), Resizable)}
     if not stages:
         return None
     by_index = {s.index: s for s in plan.stages}

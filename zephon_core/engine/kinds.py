@@ -4,6 +4,7 @@ so settings, logs, JSON and old comparisons with strings keep working."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Protocol, runtime_checkable
 
 
 class RunnerKind(StrEnum):
@@ -21,6 +22,16 @@ class RunnerKind(StrEnum):
         names = {RunnerKind.THREADS: "thread", RunnerKind.PROCESSES: "process",
                  RunnerKind.RAY: "Ray task"}
         return names.get(self, self.value)
+
+
+@runtime_checkable
+class Resizable(Protocol):
+    """A runner that can change its worker count while it runs (the process pool,
+    `ProcessRunner`): the capability `Execution.auto_workers` sizes. A runner declares it
+    by defining `resize`; the sizer checks ``isinstance(runner, Resizable)``."""
+
+    def resize(self, workers: int) -> None:
+        """Run `workers` workers from now on, never changing an answer."""
 
 
 #: every runner kind's name, in order (the choices of `Execution.runner`, with ``auto``)

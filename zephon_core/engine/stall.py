@@ -74,7 +74,7 @@ class StallGuard(LaneHook):
         """What to change, from the reasons of the drops since the combiner last took one."""
         run = self._drops
         hints = []
-        seq_len = getattr(self._combiner, "seq_len", None)
+        seq_len = self._combiner.seq_len
         if OVER_LENGTH in run:
             hints.append(self._combiner.over_length_hint.format(seq_len=seq_len) if seq_len
                          else "the samples are longer than a row: raise the context length")

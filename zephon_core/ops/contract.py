@@ -193,10 +193,11 @@ class CombinerOp(StatefulOp):
 
     A subclass sets `seq_len` (tokens per row: the recipe's `S`, the width of
     the batch tensors) and `pad_id` (the token that fills a row's unused
-    positions in the default collate). Both belong in `settings()`.
+    positions in the default collate). Both belong in `settings()`; a recipe
+    refuses a combiner whose `seq_len` is left unset (None).
     """
 
-    seq_len: int
+    seq_len: int | None = None
     pad_id: int = 0
     #: why this combiner cannot be re-dealt over another lane count (and what to use instead),
     #: for the refusal's message when it does not implement `rows_in_state`

@@ -1,14 +1,15 @@
 """Named recipes and TOML recipe files, registered explicitly, resolved lazily.
 
-Built-in recipes and TOML kinds are a table of ``"module:function"`` names,
-imported only when one is asked for: nothing registers on import, every entry
-point (Python, the command line, TorchTitan, torchrun jobs) sees the same
-names, and the core never imports zephon_vl unless a VL recipe is loaded.
+Recipes and TOML kinds are a table of ``"module:function"`` names, imported
+only when one is asked for. The core's own are ``text-demo`` and ``text``; the
+others come from plugins (`zephon_core.common.plugins`: zephon_vl registers
+``vlm``, ``vlm-demo``...), loaded before the first lookup, so every entry point
+(Python, the command line, TorchTitan, torchrun jobs) sees the same names.
 Users add their own with `register_recipe` and `register_kind`.
 
 A TOML recipe file looks like::
 
-    kind = "text"                 # "text" or "vlm" (zephon_vl), or a registered kind
+    kind = "text"                 # "text", "vlm" (zephon_vl's plugin), or a registered kind
     tokenizer = "qwen"            # "qwen" = the bundled Qwen3.6 vocabulary, or a folder;
                                   # left out: the kind's own (vlm: the family's, e.g. Kimi's)
     seq_len = 1024
@@ -28,7 +29,7 @@ A TOML recipe file looks like::
     name = "llava"
     format = "llava"
     files = ["llava_instruct_150k.json"]
-    image_folder = "coco/train2017"
+    image_folder = "coco/train2017"               # the format's options (its `options`)
     fields = { conversations = "turns" }          # renamed fields, if any
     phase_lag = 32                # optional, with [[phases]]: see docs/elastic-changes.md
     mix_by = "tokens"             # optional: weights count tokens, not samples
@@ -59,13 +60,20 @@ import importlib
 import inspect
 import tomllib
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from zephon_core.common.deprecation import Deprecation, renamed_keys
+from zephon_core.common.plugins import ensure_plugins, plugin_hint
 from zephon_core.common.settings import settings_from_table
-from zephon_core.data.formats import DatasetSpec, known_formats
+from zephon_core.data.formats import (
+    DataFormat,
+    DatasetSpec,
+    data_format,
+    dataset_format,
+    known_formats,
+)
 from zephon_core.data.locations import is_remote, local_path
 from zephon_core.data.sources import Phase, ShuffleSettings
 from zephon_core.errors import ConfigError, UnknownKeyError
@@ -76,24 +84,11 @@ RecipeFactory = Callable[..., Recipe]
 #: a factory, or where to import it from: ``"package.module:function"``
 FactoryRef = RecipeFactory | str
 
-_RECIPES: dict[str, FactoryRef] = {
-    "text-demo": "zephon_core.recipes.text:text_demo",
-    "vlm-demo": "zephon_vl.demo.recipes:vlm_demo",
-    "vlm-mix-demo": "zephon_vl.demo.recipes:vlm_mix_demo",
-    "vlm-mix-demo-balanced": "zephon_vl.demo.recipes:vlm_mix_demo_balanced",
-}
-_KINDS: dict[str, FactoryRef] = {
-    "text": "zephon_core.recipes.text:text_recipe",
-    "vlm": "zephon_vl.recipes:vlm_recipe",
-}
+_RECIPES: dict[str, FactoryRef] = {"text-demo": "zephon_core.recipes.text:text_demo"}
+_KINDS: dict[str, FactoryRef] = {"text": "zephon_core.recipes.text:text_recipe"}
+#: a dataset table's own keys; every other key is an option of its format (the format's
+#: `options`, checked when its reader is built: an unknown one is refused naming them)
 _DATASET_KEYS = ("name", "files", "manifest", "weight", "format", "fields")
-#: dataset options that name folders: resolved relative to the TOML file like files
-_FOLDER_OPTIONS = ("image_folder", "video_folder")
-#: dataset options that list folders (or URL prefixes): each entry resolved like a folder
-_FOLDER_LIST_OPTIONS = ("allow_references",)
-#: other options a format may take (it refuses the ones it does not); ``image_every_row``
-#: is a VLM recipe's per-dataset filler switch (`vlm_recipe` takes it out)
-_OTHER_OPTIONS = ("row_group_cache", "image_every_row", "max_image_bytes", "max_video_bytes")
 #: the keys of a ``[[phases]]`` table
 _PHASE_KEYS = ("start_step", "weights", "global_batch_size")
 #: the keys a recipe file takes besides its kind's keywords (popped before the factory)
@@ -106,12 +101,14 @@ RENAMED_KEYS: dict[str, tuple[str, Deprecation]] = {}
 
 def register_recipe(name: str, factory: FactoryRef) -> None:
     """Make `name` loadable by `load_recipe` everywhere; `factory(**overrides)` builds it."""
+    ensure_plugins()   # a plugin's name never replaces one registered after it
     _RECIPES[name] = factory
 
 
 def register_kind(kind: str, factory: FactoryRef) -> None:
     """TOML files with ``kind = "<kind>"`` are built by
     ``factory(files_by_dataset, tokenizer, weights=..., **other_keys)``."""
+    ensure_plugins()
     _KINDS[kind] = factory
 
 
@@ -132,6 +129,21 @@ def settings_groups(**groups: type) -> Callable[[RecipeFactory], RecipeFactory]:
         factory.__zephon_groups__ = groups  # type: ignore[attr-defined]
         return factory
     return mark
+
+
+def dataset_keys(*keys: str) -> Callable[[RecipeFactory], RecipeFactory]:
+    """Mark a kind's factory that takes `keys` in a dataset's table besides the format's
+    options (``image_every_row``: a VLM recipe's per-dataset switch), so a recipe file's
+    ``[[datasets]]`` accepts them; the factory takes them out before building readers."""
+    def mark(factory: RecipeFactory) -> RecipeFactory:
+        factory.__zephon_dataset_keys__ = keys  # type: ignore[attr-defined]
+        return factory
+    return mark
+
+
+def dataset_keys_of(factory: Callable[..., Any]) -> tuple[str, ...]:
+    """The per-dataset keys `factory` declared with `dataset_keys`."""
+    return tuple(getattr(factory, "__zephon_dataset_keys__", ()))
 
 
 def groups_of(factory: Callable[..., Any]) -> dict[str, type]:
@@ -181,7 +193,8 @@ def accepted_keys(factory: Callable[..., Any]) -> set[str] | None:
 
 
 def builtin_names() -> list[str]:
-    """Names `load_recipe` knows (built in or registered)."""
+    """Names `load_recipe` knows (built in, from plugins or registered)."""
+    ensure_plugins()
     return sorted(_RECIPES)
 
 
@@ -199,6 +212,7 @@ def _resolve(ref: FactoryRef, what: str) -> RecipeFactory:
 def load_recipe(name_or_path: str | Path, **overrides: Any) -> Recipe:
     """A built-in recipe by name, or a TOML file; `overrides` replace fields (e.g. num_lanes)."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    ensure_plugins()
     name = str(name_or_path)
     if name in _RECIPES:
         factory = _resolve(_RECIPES[name], f"recipe {name!r}")
@@ -230,11 +244,14 @@ def recipe_from_toml(path: str | Path, **overrides: Any) -> Recipe:
                               "--retry-deadline on the command line, or retry_deadline in the "
                               "TorchTitan config")
     kind = fields.pop("kind", "text")
+    ensure_plugins()
     if kind not in _KINDS:
-        raise ConfigError(f"{path}: unknown recipe kind {kind!r}; known: {sorted(_KINDS)}")
+        raise ConfigError(f"{path}: unknown recipe kind {kind!r}; known: {sorted(_KINDS)}"
+                          f"{plugin_hint()}")
     factory = _resolve(_KINDS[kind], f"{path}: kind {kind!r}")
     try:
-        files, weights = _datasets(fields.pop("datasets", None), path.parent)
+        files, weights = _datasets(fields.pop("datasets", None), path.parent,
+                                   dataset_keys_of(factory))
         tokenizer = fields.pop("tokenizer", None)
         if tokenizer == "qwen":
             from zephon_core.recipes.assets import qwen_tokenizer_dir
@@ -283,15 +300,18 @@ def _keyword_keys(factory: RecipeFactory) -> list[str] | None:
 def recipe_file_keys() -> dict[str, dict[str, list[str]]]:
     """The keys recipe files accept, by kind and table: ``""`` (the top level),
     ``"[shuffle]"``, ``"[pack]"``... (one per settings parameter of the kind's factory),
-    ``"[[datasets]]"`` and ``"[[phases]]"``; derived from the declarations the reader checks
-    against (docs/api.txt lists them). A factory that takes ``**kwargs`` lists ``"*"``."""
+    ``"[[datasets]]"`` (a dataset table's own keys and the kind's `dataset_keys`; the
+    options of each format are `format_options`) and ``"[[phases]]"``; derived from the
+    declarations the reader checks against (docs/api.txt lists them). A factory that takes
+    ``**kwargs`` lists ``"*"``."""
+    ensure_plugins()
     out = {}
     for kind, ref in sorted(_KINDS.items()):
         factory = _resolve(ref, f"kind {kind!r}")
         keywords = _keyword_keys(factory)
         tables = {"": sorted({*_FILE_KEYS, "phases",
                               *(keywords if keywords is not None else ["*"])}),
-                  "[[datasets]]": sorted((*_DATASET_KEYS, *_FOLDER_OPTIONS, *_OTHER_OPTIONS)),
+                  "[[datasets]]": sorted((*_DATASET_KEYS, *dataset_keys_of(factory))),
                   "[[phases]]": sorted(_PHASE_KEYS)}
         for param, cls in _settings_parameters(factory).items():
             tables[f"[{param}]"] = sorted(f.name for f in dataclasses.fields(cls)
@@ -313,7 +333,8 @@ def _settings_parameters(factory: RecipeFactory) -> dict[str, type]:
     return out
 
 
-def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]]:
+def _datasets(tables: Any, base: Path,
+              kind_keys: Sequence[str]) -> tuple[dict[str, Any], dict[str, float]]:
     """``[[datasets]]`` -> each dataset by name (relative to `base`) and weights.
 
     A dataset is its files list (or manifest) when the table names no format,
@@ -323,12 +344,7 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
         raise ConfigError("a recipe file needs at least one [[datasets]] table")
     files: dict[str, Any] = {}
     weights: dict[str, float] = {}
-    keys = (*_DATASET_KEYS, *_FOLDER_OPTIONS, *_FOLDER_LIST_OPTIONS, *_OTHER_OPTIONS)
     for i, d in enumerate(tables):
-        unknown = sorted(set(d) - set(keys))
-        if unknown:
-            raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; "
-                              f"known: {', '.join(keys)}")
         if "name" not in d or bool(d.get("files")) == bool(d.get("manifest")):
             raise ConfigError(f"[[datasets]] #{i + 1} needs a name and either a files list "
                               "or a manifest")
@@ -339,15 +355,16 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
                 raise ConfigError(f"[[datasets]] #{i + 1}: files must be a list of paths or "
                                   "URLs")
             found = [_location(f, base) for f in d["files"]]
-        options = {k: _location(d[k], base) for k in _FOLDER_OPTIONS if k in d}
-        options.update({k: [_location(v, base) for v in d[k]] if isinstance(d[k], list)
-                        else d[k] for k in _FOLDER_LIST_OPTIONS if k in d})
-        options.update({k: d[k] for k in _OTHER_OPTIONS if k in d})
+        fmt = d.get("format")
+        if fmt is not None and not isinstance(fmt, str):
+            raise ConfigError(f"[[datasets]] #{i + 1}: format must be a string, got "
+                              f"{fmt!r}; known: {', '.join(known_formats())}")
+        try:
+            read_as = data_format(dataset_format(DatasetSpec(found, fmt)))
+        except ConfigError as exc:
+            raise ConfigError(f"dataset {d['name']!r}: {exc}") from None
+        options = _options(d, i, read_as, kind_keys, base)
         if "format" in d or "fields" in d or options:
-            fmt = d.get("format")
-            if fmt is not None and not isinstance(fmt, str):
-                raise ConfigError(f"[[datasets]] #{i + 1}: format must be a string, got "
-                                  f"{fmt!r}; known: {', '.join(known_formats())}")
             fields = d.get("fields", {})
             if not isinstance(fields, dict):
                 raise ConfigError(f"[[datasets]] #{i + 1}: fields must be a table "
@@ -356,6 +373,27 @@ def _datasets(tables: Any, base: Path) -> tuple[dict[str, Any], dict[str, float]
         files[d["name"]] = found
         weights[d["name"]] = float(d.get("weight", 1.0))
     return files, weights
+
+
+def _options(table: dict[str, Any], i: int, fmt: DataFormat, kind_keys: Sequence[str],
+             base: Path) -> dict[str, Any]:
+    """A ``[[datasets]]`` table's options: every key besides the table's own, each one its
+    format declares (`fmt.options`) or its kind takes per dataset (`dataset_keys`); the
+    format's `path_options` resolved relative to `base` like files."""
+    options = {k: v for k, v in table.items() if k not in _DATASET_KEYS}
+    unknown = sorted(set(options) - {*fmt.options, *kind_keys})
+    if unknown:
+        keys = (*_DATASET_KEYS, *fmt.options, *kind_keys)
+        takes = ", ".join(fmt.options) or "no options"
+        raise ConfigError(f"unknown key {unknown[0]!r} in [[datasets]] #{i + 1}; known: "
+                          f"{', '.join(keys)} (format {fmt.name!r} takes {takes})")
+    for key in set(options) & set(fmt.path_options):
+        value = options[key]
+        if isinstance(value, list):
+            options[key] = [_location(v, base) for v in value]
+        elif isinstance(value, str):
+            options[key] = _location(value, base)
+    return options
 
 
 def phases_from_tables(tables: Any) -> list[Phase]:

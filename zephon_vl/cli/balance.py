@@ -27,6 +27,7 @@ import numpy as np
 from zephon_core import ConfigError
 from zephon_vl.cli.common import positive_int
 from zephon_vl.cli.registry import command
+from zephon_vl.ops.collate import VLCollate
 
 #: the vision encoder's cost of one patch, in units of one LLM token (see the module doc)
 PATCH_WEIGHT = 1.0
@@ -93,7 +94,7 @@ def _run(args: argparse.Namespace, image_every_row: bool | None) -> dict:
         over["pack_mode"] = args.pack_mode
     recipe = load_recipe(args.recipe, **over)
     collate = recipe.collate
-    if not hasattr(collate, "family"):
+    if not isinstance(collate, VLCollate):
         raise ConfigError(f"recipe {recipe.name!r} is text-only; balance reports on VLM recipes")
     vision_ids = np.asarray(collate.family.vision_token_ids(collate.special), dtype=np.int64)
     seq_len = collate.seq_len

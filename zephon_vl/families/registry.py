@@ -3,8 +3,11 @@
 The registry starts with the built-in families (``text``, ``qwen3_5``,
 ``kimi_k2_5``, ``muse_glimmer``) and
 changes only through explicit calls: importing a family's module registers
-nothing. A family's name is the ``model_format`` that selects it in
-``ZephonDataLoader.Config`` and the ``family`` of a ``vlm`` recipe file.
+nothing. An installed package adds its families the way it adds formats: its
+plugin (entry point group ``zephon.plugins``, docs/architecture.md) calls
+`register_family`; plugins load before the first lookup here. A family's name is
+the ``model_format`` that selects it in ``ZephonDataLoader.Config`` and the
+``family`` of a ``vlm`` recipe file.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zephon_core import ConfigError
+from zephon_core.extend import ensure_plugins
 from zephon_vl.families.base import ModelFamily, VisionFamily, collate_family
 from zephon_vl.families.kimi import KimiK25
 from zephon_vl.families.muse import MuseGlimmer
@@ -27,6 +31,7 @@ _FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (TextFamily(), QwenVL(),
 
 def register_family(family: ModelFamily, *, replace: bool = False) -> None:
     """Make `family` available under ``family.name``; a taken name needs ``replace=True``."""
+    ensure_plugins()   # a plugin's family never replaces one registered after it
     if not isinstance(family, ModelFamily):
         raise ConfigError(f"register_family takes a ModelFamily instance, got {family!r}")
     if not family.name:
@@ -44,11 +49,13 @@ def unregister_family(name: str) -> None:
 
 
 def family_names() -> list[str]:
+    ensure_plugins()
     return sorted(_FAMILIES)
 
 
 def get_family(name: str) -> ModelFamily:
     """The family registered as `name`; ConfigError names the known ones otherwise."""
+    ensure_plugins()
     try:
         return _FAMILIES[name]
     except KeyError:

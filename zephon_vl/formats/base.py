@@ -91,6 +91,7 @@ class RecordFormat:
     fields: Mapping[str, str] = {}
     options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache",
                                 *REFERENCE_OPTIONS)
+    path_options: tuple[str, ...] = ("image_folder", "video_folder", "allow_references")
     #: alternatives of fields a record must have (each a tuple: one of them is enough)
     required: tuple[tuple[str, ...], ...] = ()
 

@@ -22,6 +22,7 @@ class WebDatasetFormat:
     name = "webdataset"
     fields: Mapping[str, str] = {}
     options: tuple[str, ...] = ()
+    path_options: tuple[str, ...] = ()
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> Any:

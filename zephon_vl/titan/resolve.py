@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_core import ConfigError, Execution, Recipe, UnknownKeyError, load_recipe
-from zephon_core.extend import check_lane_geometry, unknown_operators
+from zephon_core.extend import TokenizerTransform, check_lane_geometry, unknown_operators
 from zephon_vl.families.base import ModelFamily, TitanOptions
 from zephon_vl.families.registry import family_names, get_family, recipe_family, vision_family
 from zephon_vl.titan.settings import execution_of, image_overrides
@@ -213,7 +213,8 @@ def check_tokenizer(tokenizer: Any, recipe: Any, name: str) -> None:
         return
     from zephon_core import load_tokenizer
 
-    path = next((op.tokenizer_path for op in recipe.ops if hasattr(op, "tokenizer_path")), None)
+    path = next((op.tokenizer_path for op in recipe.ops
+                 if isinstance(op, TokenizerTransform)), None)
     if path is None:
         return
     ours = load_tokenizer(path)
