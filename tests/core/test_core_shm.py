@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_core import Element
-from zephon_core.engine import shm
+from zephon_core.engine import shm, shm_receive
 from zephon_core.engine.processes import ProcessRunner
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm")
@@ -68,15 +68,15 @@ def test_pooled_file_is_reused_only_after_release():
 
 def test_past_the_mapping_budget_answers_are_copied_and_released_at_once(monkeypatch):
     """Each held mapping costs a file descriptor: past the budget the receiver copies."""
-    monkeypatch.setattr(shm, "_held", shm._MappingBudget())
-    shm._held.limit = 1
+    monkeypatch.setattr(shm_receive, "_held", shm_receive._MappingBudget())
+    shm_receive._held.limit = 1
     pool = shm.SegmentPool(f"zephon-{os.getpid()}-t-")
     released: list[str] = []
     try:
         a, got_a = send(pool, 1, 100_000, released)
-        assert released == [] and shm._held.held == 1
+        assert released == [] and shm_receive._held.held == 1
         b, got_b = send(pool, 2, 100_000, released)
-        assert released == [b.segment] and shm._held.held == 1  # copied, file free again
+        assert released == [b.segment] and shm_receive._held.held == 1  # copied, file free again
         assert not isinstance(got_b["pixels"].base, mmap.mmap)
         pool.release(released)
         c, got_c = send(pool, 3, 100_000, released)  # reuses b's file: b's copy unharmed
@@ -84,7 +84,7 @@ def test_past_the_mapping_budget_answers_are_copied_and_released_at_once(monkeyp
         assert intact(got_a) and intact(got_b) and intact(got_c)
         del got_a
         gc.collect()
-        assert shm._held.held == 0 and a.segment in released
+        assert shm_receive._held.held == 0 and a.segment in released
     finally:
         pool.close()
 

@@ -1,4 +1,4 @@
-"""The size rule of issue 22: no module over 600 lines, no function over 60, in the library.
+"""The size rule of issues 22 and 36: no module over 500 lines, no function over 60, in the library.
 
 A long module or function is where several jobs share one place; the rule
 keeps each readable in one sitting. A function counts from its first
@@ -12,7 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("zephon_core", "zephon_vl")
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 500
+#: modules still over the limit when it came down to 500 lines (issue 36), each being split
+#: by the work that refactors it: the test fails on any other, and on one of these once it
+#: fits (so the list only shrinks)
+LONG_MODULES_BEING_SPLIT: set[str] = {
+    "zephon_core/engine/loader.py",  # being refactored by issue 36
+    "zephon_core/engine/processes.py",  # being refactored by issue 36
+}
 MAX_FUNCTION_LINES = 60
 #: functions still over the limit when the rule came (issue 22), to split next: the test
 #: fails on any other, and on one of these once it fits (so the list only shrinks); all
@@ -41,10 +48,18 @@ def test_the_library_has_modules() -> None:
     assert len(_modules()) > 20
 
 
-def test_no_module_is_over_600_lines() -> None:
-    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in _modules()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
-    assert not long, f"split these modules along their jobs: {long}"
+def _long_modules() -> dict[str, int]:
+    """``"path"`` -> lines, for every module of the library over the limit."""
+    return {p.relative_to(ROOT).as_posix(): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = _long_modules()
+    new = {k: n for k, n in long.items() if k not in LONG_MODULES_BEING_SPLIT}
+    assert not new, f"split these modules along their jobs: {new}"
+    done = LONG_MODULES_BEING_SPLIT - set(long)
+    assert not done, f"these fit now: remove them from LONG_MODULES_BEING_SPLIT: {sorted(done)}"
 
 
 def test_no_function_is_over_60_lines() -> None:

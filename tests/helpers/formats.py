@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_vl.demo.data import PHOTOS
+from zephon_vl.demo.samples import PHOTOS
 
 #: the records of each data set that must be dropped, by key, with the reason
 Drops = dict[str, str]

@@ -17,7 +17,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from zephon_core import BadSampleError, ZephonError
 from zephon_vl import WebDatasetReader, load_index, shards_from_folder, write_shards
-from zephon_vl.wds import index as wds_index
+from zephon_vl.wds import shard_index as wds_index
 
 
 def wds_samples(path: Path) -> list[dict]:

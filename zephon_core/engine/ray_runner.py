@@ -23,281 +23,42 @@ store on the trainer's node only ever holds the groups in flight (at most
 `per_worker_inflight * workers` per rank and stage), never the documents that
 wait for their step.
 
-Ray is imported here only, and this module only when a stage asks for it,
-so `zephon_core` works without Ray installed.
+Ray is imported in `ray_connection` only (one ``ray.init`` per process, within
+a deadline), and these modules only when a stage asks for the ray runner, so
+`zephon_core` works without Ray installed. What a task carries (the group run
+on a worker, the answer copied back) is `ray_tasks`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import queue
 import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
-
 from zephon_core.engine.kinds import RAY_CONNECT_TIMEOUT, RunnerKind
+from zephon_core.engine.ray_connection import (  # noqa: F401  (connect, head_of: still offered here)
+    _Connection,
+    connect,
+    head_of,
+)
+from zephon_core.engine.ray_tasks import FLOAT_WARN_BYTES, float_bytes, own_copy, run_group
 from zephon_core.engine.runner_base import MAX_ATTEMPTS, Runner
-from zephon_core.engine.workers import sendable_error
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import StageFn
-from zephon_core.records import Element, Origin, Pointer
+from zephon_core.records import Element
 
 log = logging.getLogger(__name__)
 
-#: a local Ray instance (no cluster found) gets this much object store: it only holds the
-#: groups in flight
-LOCAL_OBJECT_STORE_BYTES = 512 << 20
 #: seconds without any answer before the runner asks whether the cluster's head still answers
 PROBE_AFTER_S = 2.0
 #: seconds the head may not answer before the cluster counts as gone and the run stops
 CLUSTER_GRACE_S = 10.0
-#: floating-point arrays at least this large in an answer earn a warning (send uint8 pixels)
-FLOAT_WARN_BYTES = 64 << 10
-
-_INSTALL = ("the ray runner needs Ray: pip install 'zephon-vl[ray]' (or choose the inline, "
-            "threads or processes runner)")
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(_INSTALL) from None
-    return ray
-
-
-# ---- the worker side: runs in Ray's worker processes -------------------------------------
-
-#: the stages this worker process has set up, by runner key (a few at most)
-_STAGES: OrderedDict[str, StageFn] = OrderedDict()
-_KEEP_STAGES = 8
-
-
-def _stage(key: str, box: list, name: str) -> StageFn:
-    fn = _STAGES.get(key)
-    if fn is None:
-        ray = _ray()
-        try:
-            fn = ray.get(box[0])
-            fn.setup()
-        except Exception as exc:
-            node = ray.get_runtime_context().get_node_id()
-            raise RuntimeError(
-                f"stage {name}: setting the stage up on Ray node {node[:12]} failed: "
-                f"{type(exc).__name__}: {exc}. Every node that runs zephon tasks needs "
-                "zephon-vl and the recipe's modules at the trainer's versions, and its files "
-                "(shards, tokenizer folders) at the same paths or URLs") from exc
-        _STAGES[key] = fn
-        while len(_STAGES) > _KEEP_STAGES:
-            _STAGES.popitem(last=False)
-    return fn
-
-
-def run_group(key: str, box: list, name: str, elements: list[Element]) -> tuple:
-    """One group on a Ray worker: ``("ok", node, outputs)`` or ``("err", node, exception)``.
-
-    The stage function travels once per runner (`box` holds its object
-    reference, unresolved) and is set up once per worker process. Exceptions
-    come back as values, so Ray never retries a group that failed on its own
-    content, and the consumer sees the stage's own exception.
-    """
-    ray = _ray()
-    node = ray.get_runtime_context().get_node_id()
-    try:
-        return ("ok", node, _stage(key, box, name)(elements))
-    except BaseException as exc:  # noqa: BLE001 - sent back to the driver
-        return ("err", node, sendable_error(exc))
-
-
-# ---- the driver side ----------------------------------------------------------------------
-
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), Origin, Pointer})
-
-
-def own_copy(obj: Any) -> Any:
-    """`obj` with every numpy array copied into this process's memory.
-
-    Ray hands answers back as read-only views of its object store, which pin
-    the object there as long as any view lives; a copy lets the object go at
-    once and gives the stages downstream writable arrays, as the other
-    runners do.
-    """
-    if type(obj) in _PLAIN:
-        return obj
-    if isinstance(obj, np.ndarray):
-        return obj.copy() if not obj.flags.writeable else obj
-    if isinstance(obj, dict):
-        return {k: own_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [own_copy(v) for v in obj]
-    if type(obj) is tuple:
-        return tuple(own_copy(v) for v in obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(own_copy(v) for v in obj))
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: own_copy(getattr(obj, f.name))
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
-
-
-def float_bytes(obj: Any) -> int:
-    """Bytes of floating-point arrays in `obj` (what should have travelled as uint8)."""
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes if obj.dtype.kind == "f" else 0
-    if isinstance(obj, dict):
-        return sum(float_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(float_bytes(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(float_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return 0
-
-
-class _Connection:
-    """One `ray.init` per process, shared by its Ray runners; shut down with the last one
-    (unless the user connected first: then the connection is theirs)."""
-
-    lock = threading.Lock()
-    users = 0
-    ours = False
-
-    @classmethod
-    def acquire(cls, address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> Any:
-        ray = _ray()
-        with cls.lock:
-            if cls.users == 0 and not ray.is_initialized():
-                where = address or os.environ.get("RAY_ADDRESS") or None
-                source = ("Execution.ray_address (--ray-address)" if address
-                          else "RAY_ADDRESS")
-                try:
-                    # workers' output stays in the cluster's logs (`ray logs`): forwarded,
-                    # it would land in the trainer's stdout (zephon-vl digest's JSON lines)
-                    quiet = {"configure_logging": False, "log_to_driver": False}
-                    if where is None:
-                        # the latest cluster started on this machine, else a local instance
-                        ray.init(object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                                 include_dashboard=False, **quiet)
-                    else:
-                        connect(ray, where, source, timeout, quiet)
-                except (ConnectionError, RuntimeError, ValueError) as exc:
-                    raise ConfigError(
-                        f"the ray runner could not connect to the Ray cluster at {where}: "
-                        f"{exc}. Start it (ray start --head) or point RAY_ADDRESS / "
-                        "Execution.ray_address at its head (host:port)") from exc
-                cls.ours = True
-            cls.users += 1
-        return ray
-
-    @classmethod
-    def release(cls) -> None:
-        ray = _ray()
-        with cls.lock:
-            cls.users -= 1
-            if cls.users == 0 and cls.ours:
-                cls.ours = False
-                try:
-                    ray.shutdown()
-                except Exception as exc:  # noqa: BLE001 - a dead cluster cannot be left cleanly
-                    log.warning("zephon: ray.shutdown() failed (%s); continuing", exc)
-
-
-def head_of(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a cluster address (``host:port``, ``ray://host:port``,
-    ``[::1]:port``); None for ``auto``, ``local`` and what names no port."""
-    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def _unreachable(where: str, source: str, timeout: float, why: str) -> ConfigError:
-    return ConfigError(
-        f"the ray runner could not connect to the Ray cluster at {where} (from {source}) "
-        f"within ray_connect_timeout = {timeout:g} s: {why}. Start the cluster (ray start "
-        f"--head), point {source} at its head's host:port, or wait longer with "
-        "Execution.ray_connect_timeout (--ray-connect-timeout)")
-
-
-#: hosts Ray dials at the machine's own address instead (so the head may listen there only)
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def wait_for_head(ray: Any, where: str, source: str, timeout: float,
-                  deadline: float) -> None:
-    """Return once something accepts TCP connections at the address's host and port; a
-    `ConfigError` at `deadline`. Plain sockets and short sleeps: a signal (SIGTERM, ^C)
-    ends the wait, where Ray's own connect retries in C++ for minutes and ignores it."""
-    head = head_of(where)
-    if head is None:
-        return
-    hosts = [head[0]]
-    if head[0] in _LOOPBACK:
-        hosts.append(ray.util.get_node_ip_address())
-    why = "no answer"
-    while True:
-        for host in hosts:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _unreachable(where, source, timeout, f"nothing answers at {head[0]}:"
-                                   f"{head[1]} ({why})")
-            try:
-                with socket.create_connection((host, head[1]), timeout=min(1.0, left)):
-                    return
-            except OSError as exc:
-                why = exc.strerror or type(exc).__name__
-        time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
-
-
-class _QuietSigterm(logging.Filter):
-    """Drops Ray's warning that it set no SIGTERM handler (`connect` means it not to)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("SIGTERM handler is not set")
-
-
-def connect(ray: Any, where: str, source: str, timeout: float, quiet: dict) -> None:
-    """``ray.init(address=where)`` within `timeout` seconds, or a one-line `ConfigError`.
-
-    First the head must accept connections (`wait_for_head`); then ``ray.init`` runs in a
-    thread of its own while this one waits: called from the main thread, Ray installs a
-    SIGTERM handler that only runs between Python bytecodes, so a connect stuck in its
-    C++ retries could not be stopped but by SIGKILL. A connect that does not finish by the
-    deadline is given up (its thread is a daemon: it does not hold the process).
-    """
-    deadline = time.monotonic() + timeout
-    wait_for_head(ray, where, source, timeout, deadline)
-    outcome: dict[str, Any] = {}
-
-    def init() -> None:
-        try:
-            ray.init(address=where, **quiet)
-            outcome["ok"] = True
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            outcome["error"] = exc
-
-    worker_log = logging.getLogger("ray._private.worker")
-    hush = _QuietSigterm()
-    worker_log.addFilter(hush)
-    try:
-        thread = threading.Thread(target=init, name="zephon-ray-connect", daemon=True)
-        thread.start()
-        while thread.is_alive() and time.monotonic() < deadline:
-            thread.join(0.1)
-    finally:
-        worker_log.removeFilter(hush)
-    if "error" in outcome:
-        raise outcome["error"]
-    if "ok" not in outcome:
-        raise _unreachable(where, source, timeout, "its head accepts connections but Ray's "
-                           "connect did not finish (is it a Ray head, of this Ray version?)")
 
 
 class _Task:
