@@ -102,6 +102,8 @@ def _unreachable(where: str, source: str, timeout: float, why: str) -> ConfigErr
 
 #: hosts Ray dials at the machine's own address instead (so the head may listen there only)
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: Ray's switch that keeps it on loopback ("0"): then a loopback head is dialled there only
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def wait_for_head(ray: Any, where: str, source: str, timeout: float,
@@ -113,7 +115,7 @@ def wait_for_head(ray: Any, where: str, source: str, timeout: float,
     if head is None:
         return
     hosts = [head[0]]
-    if head[0] in _LOOPBACK:
+    if head[0] in _LOOPBACK and os.environ.get(LOOPBACK_ONLY) != "0":
         hosts.append(ray.util.get_node_ip_address())
     why = "no answer"
     while True:
