@@ -168,6 +168,8 @@ _FORMATS: dict[str, DataFormat | str] = {
     "parquet": "zephon_vl.formats.hf_parquet:HFParquetFormat",
     "messages": "zephon_vl.formats.messages:MessagesFormat",
     "obelics": "zephon_vl.formats.obelics:ObelicsFormat",
+    "arrow": "zephon_vl.formats.containers:ArrowFormat",
+    "lance": "zephon_vl.formats.containers:LanceFormat",
 }
 
 
@@ -267,7 +269,7 @@ def dataset_reader(value: Any, index_cache: str | None = None,
     if not spec.file_list:
         raise ConfigError("a dataset needs at least one file")
     folders = [f for f in spec.file_list if not is_remote(f) and os.path.isdir(f)]
-    if folders:
+    if folders and not (spec.format and getattr(data_format(spec.format), "reads_folders", 0)):
         raise ConfigError(f"{folders[0]!r} is a folder; a dataset lists its files "
                           "(.tar shards, .jsonl/.json or .parquet files), or one manifest "
                           "from `zephon-vl index`")
