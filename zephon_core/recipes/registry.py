@@ -93,7 +93,8 @@ _FOLDER_OPTIONS = ("image_folder", "video_folder")
 _FOLDER_LIST_OPTIONS = ("allow_references",)
 #: other options a format may take (it refuses the ones it does not); ``image_every_row``
 #: is a VLM recipe's per-dataset filler switch (`vlm_recipe` takes it out)
-_OTHER_OPTIONS = ("row_group_cache", "image_every_row", "max_image_bytes", "max_video_bytes")
+_OTHER_OPTIONS = ("row_group_cache", "image_every_row", "max_image_bytes", "max_video_bytes",
+                  "version")
 #: the keys of a ``[[phases]]`` table
 _PHASE_KEYS = ("start_step", "weights", "global_batch_size")
 #: the keys a recipe file takes besides its kind's keywords (popped before the factory)
