@@ -404,7 +404,8 @@ def test_unknown_format_lists_the_known_ones(data, tmp_path) -> None:
     table, _ = data["llava"]
     toml = recipe_toml(tmp_path / "x.toml", [{**table, "format": "llama"}])
     with pytest.raises(ConfigError, match=r"x\.toml: dataset 'llava': unknown dataset format "
-                       r"'llama'; known: llava, messages, obelics, parquet, text, webdataset"):
+                       r"'llama'; known: arrow, lance, llava, messages, obelics, parquet, text, "
+                       r"webdataset"):
         load_recipe(str(toml))
 
 
@@ -664,7 +665,7 @@ def test_recipe_file_dataset_keys_are_checked(data, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"\[\[datasets\]\] #1: fields must be a table"):
         load_recipe(str(bad_fields))
     bad_format = recipe_toml(tmp_path / "b.toml", [{**table, "format": 3}])
-    with pytest.raises(ConfigError, match=r"format must be a string, got 3; known: llava, "):
+    with pytest.raises(ConfigError, match=r"format must be a string, got 3; known: arrow, lance, llava, "):
         load_recipe(str(bad_format))
     bad_key = recipe_toml(tmp_path / "c.toml", [{**table, "image_dir": "x"}])
     with pytest.raises(ConfigError, match=r"unknown key 'image_dir' in \[\[datasets\]\] #1; "
