@@ -665,7 +665,8 @@ def test_recipe_file_dataset_keys_are_checked(data, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"\[\[datasets\]\] #1: fields must be a table"):
         load_recipe(str(bad_fields))
     bad_format = recipe_toml(tmp_path / "b.toml", [{**table, "format": 3}])
-    with pytest.raises(ConfigError, match=r"format must be a string, got 3; known: arrow, lance, llava, "):
+    with pytest.raises(ConfigError,
+                       match=r"format must be a string, got 3; known: arrow, lance, llava, "):
         load_recipe(str(bad_format))
     bad_key = recipe_toml(tmp_path / "c.toml", [{**table, "image_dir": "x"}])
     with pytest.raises(ConfigError, match=r"unknown key 'image_dir' in \[\[datasets\]\] #1; "
