@@ -23,6 +23,8 @@ FORMATS: dict[str, str] = {
     "obelics": "zephon_vl.formats.obelics:ObelicsFormat",
     "mds": "zephon_vl.formats.mds:MDSFormat",
     "litdata": "zephon_vl.formats.litdata:LitDataFormat",
+    "arrow": "zephon_vl.formats.tables:ArrowFormat",
+    "lance": "zephon_vl.formats.tables:LanceFormat",
 }
 #: suffixes the suffix rule reads as a format: all files ``.tar`` (or one ``.json``
 #: manifest from ``zephon-vl index``) are WebDataset shards

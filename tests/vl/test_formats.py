@@ -667,7 +667,8 @@ def test_recipe_file_dataset_keys_are_checked(data, tmp_path) -> None:
         load_recipe(str(bad_fields))
     bad_format = recipe_toml(tmp_path / "b.toml", [{**table, "format": 3}])
     with pytest.raises(ConfigError,
-                       match=r"format must be a string, got 3; known: litdata, llava, "):
+                       match=r"format must be a string, got 3; known: arrow, lance, "
+                             r"litdata, llava, "):
         load_recipe(str(bad_format))
     bad_key = recipe_toml(tmp_path / "c.toml", [{**table, "image_dir": "x"}])
     with pytest.raises(ConfigError, match=r"unknown key 'image_dir' in \[\[datasets\]\] #1; "
