@@ -45,7 +45,7 @@ from zephon_core.extend import (
     read_whole,
     stat_shard,
 )
-from zephon_vl.formats.tables import ContainerRecords
+from zephon_vl.formats.table_records import ContainerRecords
 
 log = logging.getLogger(__name__)
 

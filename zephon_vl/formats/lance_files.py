@@ -19,7 +19,7 @@ from typing import Any
 
 from zephon_core import ConfigError
 from zephon_core.extend import base_name, is_remote
-from zephon_vl.formats.tables import ContainerRecords
+from zephon_vl.formats.table_records import ContainerRecords
 
 
 def _lance() -> Any:
