@@ -35,7 +35,6 @@ from typing import Any
 
 from zephon_core import ConfigError, ZephonError
 from zephon_core.extend import (
-    StoredFileIO,
     atomic_write,
     base_name,
     cache_dir,
@@ -45,7 +44,8 @@ from zephon_core.extend import (
     read_whole,
     stat_shard,
 )
-from zephon_vl.formats.table_records import ContainerRecords
+from zephon_vl.formats.records import ArrowSource
+from zephon_vl.formats.table_records import TableRecords
 
 log = logging.getLogger(__name__)
 
@@ -115,24 +115,6 @@ class BatchIndex:
     digest: str
 
 
-class _Source(StoredFileIO):
-    """A `StoredFileIO` with the file-object surface ``pyarrow.PythonFile`` asks for."""
-
-    closed = False
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def scan_batches(source: Any, size: int, identity: str, where: str) -> BatchIndex:
     """The `BatchIndex` of an open Arrow source (a memory map or a Python file)."""
     pa = _pyarrow()
@@ -198,7 +180,7 @@ def batch_index(location: str, index_cache: str | None) -> BatchIndex:
         log.info("ignoring unusable batch index %s (%s); scanning again", path, exc)
     stored = open_shard(location)
     try:
-        found = scan_batches(pa.PythonFile(_Source(stored), mode="r"), st.size, st.identity,
+        found = scan_batches(pa.PythonFile(ArrowSource(stored), mode="r"), st.size, st.identity,
                              location)
     finally:
         stored.close()
@@ -210,7 +192,7 @@ def batch_index(location: str, index_cache: str | None) -> BatchIndex:
     return found
 
 
-class ArrowRecords(ContainerRecords):
+class ArrowRecords(TableRecords):
     """The records of Arrow IPC files by ``(file, row)``: one shard per file."""
 
     kind = "arrow"

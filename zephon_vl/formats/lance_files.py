@@ -19,7 +19,7 @@ from typing import Any
 
 from zephon_core import ConfigError
 from zephon_core.extend import base_name, is_remote
-from zephon_vl.formats.table_records import ContainerRecords
+from zephon_vl.formats.table_records import TableRecords
 
 
 def _lance() -> Any:
@@ -31,7 +31,7 @@ def _lance() -> Any:
     return lance
 
 
-class LanceRecords(ContainerRecords):
+class LanceRecords(TableRecords):
     """The records of Lance datasets by ``(fragment, row)``: one shard per fragment."""
 
     kind = "lance"

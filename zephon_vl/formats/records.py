@@ -107,7 +107,7 @@ def file_changed_error(name: str, field: str, indexed: Any, now: Any) -> ZephonE
         "old data will be refused.")
 
 
-class _ArrowSource(StoredFileIO):
+class ArrowSource(StoredFileIO):
     """A `StoredFileIO` with the file-object surface ``pyarrow.PythonFile`` asks for."""
 
     closed = False
@@ -295,7 +295,7 @@ class RecordFiles:
                 if is_remote(f):
                     stored = open_shard(f)
                     self._check_entry(s, stored.size, stored.identity)
-                    source = pa.PythonFile(_ArrowSource(stored), mode="r")
+                    source = pa.PythonFile(ArrowSource(stored), mode="r")
                 else:
                     if self.entries is not None:
                         st = stat_shard(f)

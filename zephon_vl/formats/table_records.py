@@ -12,7 +12,7 @@ from typing import Any
 SCAN_ROWS = 256
 
 
-class ContainerRecords:
+class TableRecords:
     """Base of the containers: `files` names each shard (for drops and errors), `sizes`
     its records; subclasses write `take` (the records of rows of one shard, in order),
     `columns_of` and `shard_identity`. Pickled to workers without open handles."""

@@ -26,7 +26,7 @@ from zephon_vl.formats.base import FormatReader, RecordFormat
 from zephon_vl.formats.hf_parquet import HFParquetFormat
 from zephon_vl.formats.records import ROW_GROUP_CACHE
 from zephon_vl.formats.references import MediaPlaces
-from zephon_vl.formats.table_records import ContainerRecords
+from zephon_vl.formats.table_records import TableRecords
 
 
 class ContainerReader(FormatReader):
@@ -105,7 +105,7 @@ class ContainerFormat(HFParquetFormat):
     reads_folders = True
 
     def records(self, spec: DatasetSpec, index_cache: str | None,
-                cache: int) -> ContainerRecords:
+                cache: int) -> TableRecords:
         raise NotImplementedError
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
@@ -131,7 +131,7 @@ class ArrowFormat(ContainerFormat):
     name = "arrow"
 
     def records(self, spec: DatasetSpec, index_cache: str | None,
-                cache: int) -> ContainerRecords:
+                cache: int) -> TableRecords:
         from zephon_vl.formats.arrow_files import ArrowRecords
 
         return ArrowRecords(spec.file_list, index_cache, cache)
@@ -144,7 +144,7 @@ class LanceFormat(ContainerFormat):
     options = (*RecordFormat.options, "version")
 
     def records(self, spec: DatasetSpec, index_cache: str | None,
-                cache: int) -> ContainerRecords:
+                cache: int) -> TableRecords:
         from zephon_vl.formats.lance_files import LanceRecords
 
         version = spec.options.get("version")
