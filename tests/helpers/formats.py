@@ -225,3 +225,31 @@ def damage_row_group(path: Path, group: int, how: str = "header", column: int = 
     for g in range(meta.num_row_groups):
         if g != group:
             pf.read_row_group(g).validate(full=True)
+
+
+def digest_lines(capsys, args: list[str]) -> list[dict]:
+    """`zephon-vl digest` (inline unless `args` say otherwise) run in process: its JSON lines."""
+    from zephon_vl.cli.main import main
+
+    capsys.readouterr()
+    assert main(["digest", "--runner", "inline", *args]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+
+
+def digests_across_d_and_resume(capsys, toml: Path, pool: list[str]) -> list[dict]:
+    """The 4 steps of recipe file `toml` at D = 1, at D = 2 (with `pool`'s execution flags)
+    and at D = 4 saved after step 2 and resumed at D = 2: asserts every run gives D = 1's
+    digests; returns D = 1's lines."""
+    runs = {1: digest_lines(capsys, ["--recipe", str(toml), "--steps", "4"])}
+    runs[2] = digest_lines(capsys, ["--recipe", str(toml), "--dp", "2", "--steps", "4", *pool])
+    resumed = digest_lines(capsys, ["--recipe", str(toml), "--dp", "4", "--steps", "4",
+                                    "--save-at", "2", "--resume-dp", "2"])
+    runs[4] = [r for r in resumed if r["phase"] == "run"]
+    after = [r for r in resumed if r["phase"] != "run"]
+    want = [r["sha256"] for r in runs[1]]
+    assert len(want) == 4
+    for d in (2, 4):
+        assert [r["sha256"] for r in runs[d]] == want, f"D={d}"
+    assert [r["step"] for r in after] == [2, 3]
+    assert [r["sha256"] for r in after] == want[2:]
+    return runs[1]

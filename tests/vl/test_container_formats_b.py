@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.formats import recipe_toml
+from tests.helpers.formats import digests_across_d_and_resume, recipe_toml
 from tests.helpers.vl import run_epoch
 from zephon_core import BadSampleError, ConfigError, Execution, Loader, qwen_tokenizer_dir
 from zephon_core.data.formats import DatasetSpec, dataset_reader
 from zephon_core.ops.pack import FILLER_ORIGIN
 from zephon_vl.cli.inspect_data import inspect_data
-from zephon_vl.cli.main import main
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 from zephon_vl.recipes import vlm_recipe
@@ -96,12 +95,6 @@ def llava_twins() -> tuple[object, dict[str, int], dict[str, str]]:
     return reader, index, drops
 
 
-def digest_lines(capsys, args: list[str]) -> list[dict]:
-    capsys.readouterr()
-    assert main(["digest", "--runner", "inline", *args]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
-
-
 def test_fixtures_are_several_shards_written_by_the_libraries() -> None:
     for name in CASES:
         index = json.loads((FIXTURES / name / "index.json").read_text())
@@ -115,19 +108,8 @@ def test_fixtures_are_several_shards_written_by_the_libraries() -> None:
 def test_digests_agree_across_d_and_resume(name, capsys, tmp_path) -> None:
     toml = recipe_toml(tmp_path / f"{name}.toml", [table(name)], seq_len=256,
                        global_batch_size=4)
-    runs = {1: digest_lines(capsys, ["--recipe", str(toml), "--steps", "4"])}
     pool = ["--runner", "auto", "--default-workers", "2"] if name == "litdata-chat" else []
-    runs[2] = digest_lines(capsys, ["--recipe", str(toml), "--dp", "2", "--steps", "4", *pool])
-    resumed = digest_lines(capsys, ["--recipe", str(toml), "--dp", "4", "--steps", "4",
-                                    "--save-at", "2", "--resume-dp", "2"])
-    runs[4] = [r for r in resumed if r["phase"] == "run"]
-    after = [r for r in resumed if r["phase"] != "run"]
-    want = [r["sha256"] for r in runs[1]]
-    assert len(want) == 4
-    for d in (2, 4):
-        assert [r["sha256"] for r in runs[d]] == want, f"D={d}"
-    assert [r["step"] for r in after] == [2, 3]
-    assert [r["sha256"] for r in after] == want[2:]
+    digests_across_d_and_resume(capsys, toml, pool)
 
 
 @pytest.mark.parametrize("name", list(CASES))
