@@ -197,6 +197,8 @@ def register_format(name: str, fmt: DataFormat | str, *, suffixes: Sequence[str]
 
 
 def known_formats() -> list[str]:
+    """The registered dataset formats' names, sorted (built-in and plugins' alike): what a
+    ``[[datasets]]`` table's ``format`` may name."""
     ensure_plugins()
     return sorted(_FORMATS)
 

@@ -30,6 +30,7 @@ from zephon_core.engine.state_check import (
 )
 from zephon_core.errors import CheckpointError
 
+#: the ``format`` field of every saved state: a state without it is refused as not zephon's
 FORMAT = "zephon-checkpoint"
 #: 2: lane snapshots name their lane, and the state carries a SHA-256 of itself
 VERSION = 2

@@ -264,6 +264,9 @@ def _qualname(fn: Callable) -> str:
 
 
 def check_on_error(value: str) -> str:
+    """`value` when it is an allowed ``on_error`` policy of an operator; a ConfigError
+    naming the allowed ones otherwise, so a typo fails when the recipe is built, not when
+    the first bad sample arrives."""
     if value not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {ON_ERROR}, got {value!r}")
     return value

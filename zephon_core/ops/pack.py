@@ -33,8 +33,12 @@ from zephon_core.ops.rowpack import FILLER_ORIGIN, RowFiller, RowPacker, RowPack
 from zephon_core.ops.segments import check_segment_row, decode_segments, encode_segments
 from zephon_core.records import Dropped, Origin
 
+#: the packing modes every packer has: the first open row a document fits, or the one it
+#: fills best (`PackSettings.pack_mode`)
 MODES = ("first_fit", "best_fit")
 OVERLONG = ("split", "truncate", "drop")
+#: the label of a position that trains nothing (padding, prompts, images): the value
+#: torch's cross entropy skips by default
 IGNORE_INDEX = -100
 
 

@@ -49,6 +49,8 @@ def unregister_family(name: str) -> None:
 
 
 def family_names() -> list[str]:
+    """The registered model families' names, sorted (built-in and plugins' alike): what a
+    recipe's ``family`` may name."""
     ensure_plugins()
     return sorted(_FAMILIES)
 
