@@ -1,5 +1,5 @@
 # The two commands of the README. Each one installs what it needs first.
-.PHONY: setup demo test test-heavy lint check-install
+.PHONY: setup demo test test-heavy lint check-install docs
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +16,12 @@ test: setup
 # the tests `make test` leaves out (README.md says which and why)
 test-heavy: setup
 	python3 -m pytest -q -p no:cacheprovider -m heavy
+
+# the user guide (mkdocs.yml) into build/site; --strict: a broken link, a missing anchor,
+# a page outside the navigation or a public name without a docstring fails it. The
+# variable silences Material's end-of-life notice (docs/contributing.md, "The documentation").
+docs: setup
+	NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet
 
 lint:
 	ruff check zephon_core zephon_vl benchmarks tests scripts

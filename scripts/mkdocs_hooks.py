@@ -157,12 +157,21 @@ def execution_page() -> str:
             + settings_table(Execution) + "\n")
 
 
+def _generate(files: Files, config: Any, uri: str, content: str) -> None:
+    """`uri` made from `content`, in place of the short page the repository holds there
+    (which says, for a reader on the forge, that the page is generated and how to see it)."""
+    stub = files.get_file_from_path(uri)
+    if stub is not None:
+        files.remove(stub)
+    files.append(File.generated(config, uri, content=content))
+
+
 def on_files(files: Files, config: Any) -> Files:
     sys.path.insert(0, str(ROOT))  # the checkout's packages, not an installed copy
     for package, page, intro in MODULES:
-        files.append(File.generated(config, page, content=reference_page(package, intro)))
-    files.append(File.generated(config, "reference/cli.md", content=cli_page()))
-    files.append(File.generated(config, "reference/execution.md", content=execution_page()))
+        _generate(files, config, page, reference_page(package, intro))
+    _generate(files, config, "reference/cli.md", cli_page())
+    _generate(files, config, "reference/execution.md", execution_page())
     for path in sorted(RESULTS.glob("*")):
         if path.suffix in (".png", ".json"):
             f = File(f"{RESULTS_URI}/{path.name}", src_dir=None, dest_dir=config["site_dir"],

@@ -27,7 +27,11 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 
 from zephon_core import compare_ledgers, read_ledger  # noqa: E402
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+#: where the commands are: the README (the GPU launch and the main job's CPU command) and
+#: the guide's first TorchTitan page (the CPU command of every family)
+README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "start" / "torchtitan.md")
 CPU_LAUNCHER = "zephon_vl.testing.titan_cpu"
 #: FSDP at another D sums gradients in another order (measured: |diff| ~1e-6).
 LOSS_RTOL = 1e-4
@@ -36,12 +40,16 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def torchrun_commands() -> list[list[str]]:
-    """Each ``torchrun`` command of the README, as its words."""
+    """Each ``torchrun`` command of the README and the first TorchTitan page, as its words
+    (a command both show once)."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            if line.strip().startswith("torchrun"):
-                out.append(shlex.split(line.split("#")[0]))
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line.split("#")[0]) if line.strip().startswith("torchrun") \
+                    else None
+                if words and words not in out:
+                    out.append(words)
     return out
 
 
