@@ -105,8 +105,10 @@ def reference_page(package: str, intro: str) -> str:
         entry = _entry(package, name, exclude)
         if entry is not None:
             groups.setdefault(entry[0], []).append(entry[1])
-    out = [f"# `{package}`\n\n{intro} Generated from the docstrings "
-           "(`scripts/mkdocs_hooks.py`); grouped by the module that defines each name.\n"]
+    out = [f"# `{package}`\n\n{intro} Import every name of this page from `{package}`. "
+           "The sections name the module that defines each one: where to read its code, not "
+           "an import path that stays. Generated from the docstrings when the site is built "
+           "(`scripts/mkdocs_hooks.py`).\n"]
     for group in sorted(groups):
         out.append(f"## `{group}`\n")
         out += groups[group]
