@@ -156,7 +156,7 @@ def execution_page() -> str:
             "a nested one is `<field>_<leaf>` (`retry_deadline`). "
             "[Settings](../settings.md) says how they are declared, and lists the recipe "
             "settings. Generated from the declarations when the site is built.\n\n"
-            + settings_table(Execution) + "\n")
+            + settings_table(Execution).replace("| `` |", "| (empty) |") + "\n")
 
 
 def _generate(files: Files, config: Any, uri: str, content: str) -> None:
