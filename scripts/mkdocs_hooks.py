@@ -115,31 +115,33 @@ def reference_page(package: str, intro: str) -> str:
     return "\n".join(out)
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The `zephon-vl` parser as `zephon_vl.cli.main.main` builds it."""
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `zephon-vl` parser and each command's, built as `zephon_vl.cli.main.main`
+    builds them."""
     import zephon_vl.cli.commands  # noqa: F401  (registers every command)
     from zephon_vl.cli.registry import COMMANDS
 
     parser = argparse.ArgumentParser(prog="zephon-vl",
                                      description="The `zephon-vl` command line.")
     sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
     for name, (help_text, configure, _) in COMMANDS.items():
-        configure(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+        commands[name] = sub.add_parser(name, help=help_text, description=help_text)
+        configure(commands[name])
+    return parser, commands
 
 
 def cli_page() -> str:
     """``zephon-vl --help`` and each subcommand's help, as the parser prints them."""
     os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width
-    parser = _parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parser, commands = _parsers()
     out = ["# The command line\n",
            "Every `zephon-vl` command with its options, printed by its parser when the site "
            "is built (`zephon-vl COMMAND --help` prints the same). Execution settings "
            "(`--workers`, `--runner`, ...) are [the same settings](execution.md) as "
            "`Execution` and TorchTitan's `--dataloader.*` fields.\n",
            "```text", parser.format_help().rstrip(), "```\n"]
-    for name, p in sorted(sub.choices.items()):
+    for name, p in sorted(commands.items()):
         out += [f"## `zephon-vl {name}`\n", "```text", p.format_help().rstrip(), "```\n"]
     return "\n".join(out)
 
