@@ -11,7 +11,7 @@ from tests.helpers.core import DataSpec, Spec, World
 from zephon_core import BalancedPack, CheckpointError, Pack
 from zephon_core.engine.snapshot import COMBINER, OLD_COMBINER
 from zephon_core.engine.state_check import CHECKSUM_KEY, state_checksum
-from zephon_core.extend import LaneSnapshot, combiner_state
+from zephon_core.internals import LaneSnapshot, combiner_state
 from zephon_core.records import Origin
 
 SPEC = Spec(datasets=(DataSpec((12, 7, 20), data_seed=1), DataSpec((5, 9), weight=0.5)),

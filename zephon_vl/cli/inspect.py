@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core import CheckpointError
-from zephon_core.extend import CHECKPOINT_FORMAT as FORMAT
-from zephon_core.extend import combiner_state, parse_state, shard_samples
+from zephon_core.extend import parse_state
+from zephon_core.internals import CHECKPOINT_FORMAT as FORMAT
+from zephon_core.internals import combiner_state, shard_samples
 from zephon_vl.cli.registry import command
 from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY
 
