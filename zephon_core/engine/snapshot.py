@@ -22,9 +22,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.data.sources import SourceState
-from zephon_core.engine.phases import PhaseGate
-from zephon_core.engine.state_check import LaneChecker, OpChecks, is_count
+from zephon_core.engine.phases import PhaseGate, gate_problem
+from zephon_core.engine.state_check import LaneChecker, OpChecks
 from zephon_core.records import Origin
 
 SOURCE = "source"
@@ -275,27 +276,15 @@ def _check_phases(checker: LaneChecker, lane: int, snap: dict) -> None:
         raise checker.fail(lane, "source.phase_counts", "does not count the phase's draws "
                            "per dataset")
     gate = snap.get(PHASE_GATE)
-    if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
-            and isinstance(gate.get("tau"), list)
-            and all(isinstance(e, list) and len(e) == 5 and all(is_count(x) for x in e)
-                    and e[3] < nds for e in gate["entries"])
-            and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
-                    for e in gate["tau"])):
-        raise checker.fail(lane, PHASE_GATE, "is not {entries: [[trigger, rows, phase, "
-                           "dataset, tokens]...], tau: [[origin..., trigger]...]}")
-    for key in ("settled_tokens", "settled_samples"):
-        v = gate.get(key)
-        if not (isinstance(v, list) and len(v) == nds and all(is_count(x) for x in v)):
-            raise checker.fail(lane, f"phase_gate.{key}", "is not a count per dataset")
+    problem = gate_problem(gate, nds)
+    if problem is not None:
+        raise checker.fail(lane, *problem)
     for e in gate["tau"]:
         checker.origin(lane, "phase_gate.tau", e[:5], src["draws"])
-    starts = gate.get("start_draws")
-    if not (isinstance(starts, list) and len(starts) == src["phase"]
-            and all(is_count(n) and n <= src["draws"] for n in starts)
-            and starts == sorted(starts)):
+    if len(gate["start_draws"]) != src["phase"] or \
+            any(n > src["draws"] for n in gate["start_draws"]):
         raise checker.fail(lane, "phase_gate.start_draws", "is not the start draws of the "
                            f"{src['phase']} phases begun so far")
-    acc = gate.get("acc_phase")
-    if not (isinstance(acc, dict) and set(acc) <= checker.accumulators
-            and all(is_count(v) and v <= src["phase"] for v in acc.values())):
+    if not (set(gate["acc_phase"]) <= checker.accumulators
+            and all(v <= src["phase"] for v in gate["acc_phase"].values())):
         raise checker.fail(lane, "phase_gate.acc_phase", "is not a phase per accumulator")

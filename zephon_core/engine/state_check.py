@@ -23,6 +23,7 @@ import hashlib
 import json
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.errors import CheckpointError
 
 #: far above any real state (about 7 KB per lane), far below what would exhaust memory
@@ -140,10 +141,6 @@ def later_fields_note(missing: list[str]) -> str:
     return (f"checkpoint was written before fingerprints recorded {field} ({missing[0]}{more}:"
             f" {LATER_SHARD_FIELDS[field]}); it restores, but this resume cannot check that "
             "those are unchanged. Checkpoints written from now on record it")
-
-
-def is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 class OpChecks:
