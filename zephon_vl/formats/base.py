@@ -92,6 +92,8 @@ class RecordFormat:
     options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache",
                                 *REFERENCE_OPTIONS)
     path_options: tuple[str, ...] = ("image_folder", "video_folder", "allow_references")
+    #: a dataset's files are files (the container formats, whose datasets are folders, say True)
+    reads_folders = False
     #: alternatives of fields a record must have (each a tuple: one of them is enough)
     required: tuple[tuple[str, ...], ...] = ()
 
