@@ -80,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     "loads_sample": "zephon_core.common.jsontext",
     "file_sha256": "zephon_core.common.digest",
     "option_path": "zephon_core.data.formats",
+    "later_shard_field": "zephon_core.common.later",
     "dataset_reader": "zephon_core.data.formats",
     "dataset_format": "zephon_core.data.formats",
     "base_name": "zephon_core.data.storage",

@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "unpack": "zephon_core.engine.shm",
     # a checkpoint's inside: the envelope, a lane's snapshot, its combiner's bins
     "CHECKPOINT_FORMAT": "zephon_core.engine.checkpoint:FORMAT",
+    "migrate_state": "zephon_core.engine.checkpoint",
     "LaneSnapshot": "zephon_core.engine.snapshot",
     "combiner_state": "zephon_core.engine.snapshot",
     "shard_samples": "zephon_core.engine.state_check",

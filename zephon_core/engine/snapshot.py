@@ -33,10 +33,9 @@ SOURCE_DONE = "source_done"
 ROWS = "rows"
 PENDING = "pending"
 ACCUMULATORS = "accumulators"
-#: the combiner's per-lane state
+#: the combiner's per-lane state (states written before 0.4 say "packer":
+#: `engine.checkpoint.MIGRATIONS` renames it)
 COMBINER = "combiner"
-#: the same, as states written before the key was renamed spell it (still read, never written)
-OLD_COMBINER = "packer"
 FLUSHED = "flushed"
 DROPS = "drops"
 DROP_DETAILS = "drop_details"
@@ -49,7 +48,7 @@ PHASE_GATE = PhaseGate.state_key
 REQUIRED = (SOURCE, SOURCE_DONE, ROWS, PENDING, ACCUMULATORS, COMBINER, FLUSHED, DROPS, DROPPED,
             LANE)
 #: every key of the lane's own schema; any other key is a hook's slice
-SCHEMA = frozenset((*REQUIRED, OLD_COMBINER, DROP_DETAILS))
+SCHEMA = frozenset((*REQUIRED, DROP_DETAILS))
 
 
 @dataclass
@@ -126,12 +125,9 @@ class LaneSnapshot:
         """Refuse a damaged snapshot of `lane`, naming the field (`CheckpointError`)."""
         if not isinstance(snap, dict):
             raise checker.fail(lane, "the lane state", "is not a mapping")
-        have = set(snap) | ({COMBINER} if OLD_COMBINER in snap else set())
-        missing = [k for k in REQUIRED if k not in have]
+        missing = [k for k in REQUIRED if k not in snap]
         if missing:
             raise checker.fail(lane, f"field {sorted(missing)[0]!r}", "is missing")
-        if COMBINER in snap and OLD_COMBINER in snap:
-            raise checker.fail(lane, f"field {OLD_COMBINER!r}", f"is set beside {COMBINER!r}")
         if snap[LANE] != lane:
             raise checker.fail(lane, "field 'lane'", f"says {snap[LANE]!r}: the states of lanes "
                                "were swapped or copied")
@@ -146,11 +142,10 @@ class LaneSnapshot:
 
 
 def combiner_state(snap: dict, default: Any = None) -> Any:
-    """The combiner's state in a snapshot's JSON, under its key or the one older states use."""
+    """The combiner's state in a snapshot's JSON (of a state at the current version:
+    `migrate_state` renames the key older ones used); `default` where it has none."""
     if COMBINER in snap:
         return snap[COMBINER]
-    if OLD_COMBINER in snap:
-        return snap[OLD_COMBINER]
     if default is None:
         raise KeyError(COMBINER)
     return default
@@ -197,8 +192,7 @@ def _check_operators(checker: LaneChecker, lane: int, snap: dict) -> None:
         op = checker.ops[int(position)]
         op.check_state(state, OpChecks(checker, lane, f"accumulators[{position}] ({op.name})",
                                        draws))
-    key = COMBINER if COMBINER in snap else OLD_COMBINER
-    checker.ops[-1].check_state(snap[key], OpChecks(checker, lane, key, draws))
+    checker.ops[-1].check_state(snap[COMBINER], OpChecks(checker, lane, COMBINER, draws))
     flushed = snap[FLUSHED]
     if not (isinstance(flushed, list)
             and {str(i) for i in flushed if is_count(i)} <= checker.stateful
