@@ -33,7 +33,7 @@ _IMG = re.compile(r"^(?:\d+\.)?(jpg|jpeg|png|webp)$")
 
 def run_breakdown(spec: WorkSpec, num_samples: int = 200) -> dict:
     from zephon_core import Element, Origin
-    from zephon_core import extend as shm
+    from zephon_core import internals as shm
     from zephon_vl import process_video
     from zephon_vl.media.image import (
         decode_rgb,

@@ -42,7 +42,8 @@ from zephon_bench.loaders import LastStageWatch, Trace, now, run_shares, zephon_
 from zephon_bench.workload import Work, WorkSpec, sample_checksum
 
 from zephon_core import Dropped, Origin, Pointer
-from zephon_core.extend import Row, StageKind
+from zephon_core.extend import Row
+from zephon_core.internals import StageKind
 
 SIDE_KEYS = ("bench_samples", "bench_dropped")
 

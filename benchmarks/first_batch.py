@@ -56,7 +56,7 @@ def _one(spec_json: dict, flat: dict[str, str], out_fd: int) -> None:
     from zephon_bench.workload import WorkSpec
 
     from zephon_core import Loader, StageEvent
-    from zephon_core.extend import StageKind
+    from zephon_core.internals import StageKind
 
     spec = WorkSpec.from_json(spec_json)
     recipe = spec.recipe()

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from zephon_core import ElasticRun, Execution
-from zephon_core.extend import lane_entries, reader_keys, sample_digest, step_entry
+from zephon_core.internals import lane_entries, reader_keys, sample_digest, step_entry
 
 
 def _make(lanes: int):

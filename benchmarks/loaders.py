@@ -31,7 +31,8 @@ from typing import Any
 from zephon_bench.workload import RowBatcher, Tally, Work, WorkSpec, stand_in
 
 from zephon_core import Dropped, Origin, Pointer, StageEvent
-from zephon_core.extend import Row, StageKind
+from zephon_core.extend import Row
+from zephon_core.internals import StageKind
 
 now = time.monotonic  # one clock for every process of the machine (CLOCK_MONOTONIC)
 

@@ -21,7 +21,7 @@ import statistics
 import time
 
 from zephon_core import Execution, Loader, StageEvent, load_recipe
-from zephon_core.extend import WAIT_WARN_SHARE, recorder_for
+from zephon_core.internals import WAIT_WARN_SHARE, recorder_for
 
 
 def measure(recipe_name: str, steps: int, repeats: int) -> dict:

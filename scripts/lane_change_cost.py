@@ -12,7 +12,7 @@ import json
 import time
 
 from zephon_core import Execution, Loader, change_lanes, load_recipe
-from zephon_core.extend import combiner_state
+from zephon_core.internals import combiner_state
 
 INLINE = Execution(runner="inline")
 

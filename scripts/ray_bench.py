@@ -88,7 +88,8 @@ def identity(payload: object) -> object:
 def overhead(kind: str, cluster: LocalRayCluster, workers: int, groups: int) -> dict:
     """Per-sample cost of a runner on a stage that does nothing: wall and CPU."""
     from zephon_core import Element, Map, Origin, RunnerKind
-    from zephon_core.extend import RunnerSpec, StageFn, make_runner
+    from zephon_core.extend import StageFn
+    from zephon_core.internals import RunnerSpec, make_runner
 
     fn = StageFn([Map(identity, name="identity")])
     spec = RunnerSpec(RunnerKind(kind), workers, "identity", "spawn",

@@ -12,7 +12,7 @@ docs/architecture.md): ``common`` -> ``data`` -> ``ops`` -> ``engine`` -> ``reci
 from __future__ import annotations
 
 from zephon_core._version import __version__ as __version__  # the one source
-from zephon_core.common.deprecation import moved_names
+from zephon_core.common.deprecation import moved_names, removed_names
 from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
@@ -102,17 +102,27 @@ _EXPORTS: dict[str, str] = {
     "compare_ledgers": "zephon_core.engine.ledger",
 }
 
-#: names that moved to `zephon_core.extend` in 0.4.0 (building blocks for authors of
-#: formats, operators and adapters): they resolve here, with a DeprecationWarning, until 0.5
-_MOVED = moved_names("zephon_core", {name: f"zephon_core.extend.{name}" for name in (
-    "Accumulator", "AccumulatorOp", "Backlog", "Combiner", "CombinerOp", "FlatSetting",
-    "KnowsShardLengths", "NamesSamples", "Operator", "Probed", "ReadsMany", "Row", "RowFiller",
-    "Segment", "ShardReader", "StageFn", "StageKind", "StatefulOp", "StorageSettings",
-    "StoredFile", "accepted_keys", "atomic_write", "cache_dir", "check_choices", "data_format",
-    "flat_settings", "forwards_to", "known_formats", "open_shard", "parse_resources",
-    "parse_runners", "parse_workers", "probe_dataset", "register_format", "sample_digest",
-    "setting", "settings_groups", "settings_table", "stat_shard", "storage_settings",
-    "usable_cores")}, since="0.4.0")
+#: names that moved out of `zephon_core` in 0.4.0: building blocks for authors of formats,
+#: operators and adapters to `zephon_core.extend`, the engine's inside to
+#: `zephon_core.internals`; two left the public surface. They resolve here, with a
+#: DeprecationWarning naming their new home (or saying there is none), until 0.5
+_MOVED = {
+    **moved_names("zephon_core", {name: f"zephon_core.extend.{name}" for name in (
+        "Accumulator", "AccumulatorOp", "Combiner", "CombinerOp", "FlatSetting",
+        "KnowsShardLengths", "NamesSamples", "Operator", "ReadsMany", "Row", "RowFiller",
+        "Segment", "ShardReader", "StageFn", "StatefulOp", "StorageSettings", "StoredFile",
+        "atomic_write", "cache_dir", "check_choices", "data_format", "flat_settings",
+        "forwards_to", "known_formats", "open_shard", "register_format", "setting",
+        "settings_groups", "settings_table", "stat_shard", "storage_settings",
+        "usable_cores")}, since="0.4.0"),
+    **moved_names("zephon_core", {name: f"zephon_core.internals.{name}" for name in (
+        "Probed", "StageKind", "parse_resources", "parse_runners", "parse_workers",
+        "probe_dataset", "sample_digest")}, since="0.4.0"),
+    **removed_names("zephon_core", {
+        "Backlog": "zephon_core.engine.backlog.Backlog",
+        "accepted_keys": "zephon_core.recipes.registry.accepted_keys",
+    }, since="0.4.0", why="the engine's own; nothing outside it used it"),
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,19 +1,26 @@
-"""The extension surface: what authors of formats, operators, model families and trainer
-adapters (and `zephon_vl`, the benchmarks and the tools) use from the engine beyond
-`zephon_core.__all__`, which is for users.
+"""The extension surface: what an author of a dataset format, an operator, a model family,
+a lane concern or a trainer adapter uses from the engine beyond `zephon_core.__all__`,
+which is for users.
 
-A format, an operator, a model family or a trainer adapter needs a few of the engine's
-building blocks (the operator and reader contracts, how a shard is opened, how a sample's
-JSON is read, how settings are declared, a checkpoint's envelope, the operator-name check
-behind ``--workers``). They are named here, once, so the rest of the engine can change
-behind them; `zephon_vl` imports only ``zephon_core`` and this module (checked by
-``lint-imports``, see docs/architecture.md). The API snapshot (docs/api.txt) covers it like
-the user namespaces: a change here is on purpose too. Names resolve lazily, like the
-package's own.
+Such an author needs a few of the engine's building blocks (the operator and reader
+contracts, how a shard is opened and a sample's JSON read, how settings are declared and
+checked, how a package registers its formats and serves its names, a checkpoint's state
+check, the operator-name check behind ``--workers``). They are named here, once, so the
+rest of the engine can change behind them; each is described in one line in docs/api.md
+(a test checks that every name is). `zephon_vl` imports only ``zephon_core``, this module
+and `zephon_core.internals` (checked by ``lint-imports``, see docs/architecture.md).
+
+What tests, benchmarks and tools use to look inside the engine (runners, the
+shared-memory pool, a lane's snapshot, the ledger's lines) is in `zephon_core.internals`
+since 0.4.0; those names, and the two that left the public surface, still resolve here
+with a `DeprecationWarning` until 0.5.0 (`_MOVED`). The API snapshot (docs/api.txt) covers
+this module like the user namespaces: a change here is on purpose too. Names resolve
+lazily, like the package's own.
 """
 
 from __future__ import annotations
 
+from zephon_core.common.deprecation import moved_names, removed_names
 from zephon_core.common.exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
@@ -56,32 +63,24 @@ _EXPORTS: dict[str, str] = {
     "check_settings": "zephon_core.common.settings",
     "settings_fingerprint": "zephon_core.common.settings",
     "settings_table": "zephon_core.common.settings",
+    "settings_from_table": "zephon_core.common.settings",
     "forwards_to": "zephon_core.recipes.registry",
     "settings_groups": "zephon_core.recipes.registry",
     "dataset_keys": "zephon_core.recipes.registry",
-    "accepted_keys": "zephon_core.recipes.registry",
-    "recipe_file_keys": "zephon_core.recipes.registry",
+    # deprecating a name, keyword or recipe-file key of your own (docs/api.md)
     "moved_keywords": "zephon_core.common.deprecation",
     "moved_names": "zephon_core.common.deprecation",
     "deprecations": "zephon_core.common.deprecation",
     "deprecation": "zephon_core.common.deprecation",
     "Deprecation": "zephon_core.common.deprecation",
-    # the engine's parsers and probes, for the command line and tools
-    "StageKind": "zephon_core.engine.kinds",
-    "parse_workers": "zephon_core.engine.execution",
-    "parse_runners": "zephon_core.engine.execution",
-    "parse_resources": "zephon_core.engine.execution",
-    "Backlog": "zephon_core.engine.backlog",
-    "Probed": "zephon_core.engine.probe",
-    "probe_dataset": "zephon_core.engine.probe",
+    # files and the machine
     "usable_cores": "zephon_core.common.system",
     "atomic_write": "zephon_core.common.files",
     "cache_dir": "zephon_core.common.files",
-    "sample_digest": "zephon_core.common.digest",
-    # samples and files
     "loads_sample": "zephon_core.common.jsontext",
     "file_sha256": "zephon_core.common.digest",
     "option_path": "zephon_core.data.formats",
+    "later_shard_field": "zephon_core.common.later",
     "dataset_reader": "zephon_core.data.formats",
     "dataset_format": "zephon_core.data.formats",
     "base_name": "zephon_core.data.storage",
@@ -112,38 +111,40 @@ _EXPORTS: dict[str, str] = {
     "chatml_turn": "zephon_core.ops.chat",
     "parse_turn": "zephon_core.ops.chat",
     "record_turns": "zephon_core.ops.chat",
-    # recipes
-    "settings_from_table": "zephon_core.common.settings",
-    # the engine, for adapters and tools
+    # for adapters: the operator-name check behind --workers, a checkpoint's state check
     "unknown_operators": "zephon_core.engine.plan",
-    "Plan": "zephon_core.engine.plan",
-    "make_runner": "zephon_core.engine.runners",
-    "RunnerSpec": "zephon_core.engine.runners",
     "gloo_group": "zephon_core.engine.checkpoint",
-    "CHECKPOINT_FORMAT": "zephon_core.engine.checkpoint:FORMAT",
     "parse_state": "zephon_core.engine.state_check",
-    "shard_samples": "zephon_core.engine.state_check",
-    "LaneSnapshot": "zephon_core.engine.snapshot",
     # a lane concern of your own (`Loader(lane_hooks=...)`, docs/architecture.md)
     "LaneHook": "zephon_core.engine.lane_hooks",
     "LaneView": "zephon_core.engine.lane_hooks",
-    "combiner_state": "zephon_core.engine.snapshot",
-    "mixture_shares": "zephon_core.engine.ledger",
-    "lane_entries": "zephon_core.engine.ledger",
-    "reader_keys": "zephon_core.engine.ledger",
-    "step_entry": "zephon_core.engine.ledger",
-    "compare_entries": "zephon_core.engine.ledger",
-    "WAIT_WARN_SHARE": "zephon_core.engine.metrics",
-    "recorder_for": "zephon_core.engine.metrics",
-    "split_workers": "zephon_core.engine.autoscale",
     # the batch geometry rule (G a multiple of L, D dividing L), for the adapters
     "check_lane_geometry": "zephon_core.spec",
-    # shared-memory transport (benchmarks/breakdown.py measures it)
-    "SegmentPool": "zephon_core.engine.shm",
-    "Packed": "zephon_core.engine.shm",
-    "unpack": "zephon_core.engine.shm",
+}
+
+#: names that moved to `zephon_core.internals` in 0.4.0: no author of a format, family,
+#: operator or adapter needs them; tests, benchmarks and tools look inside the engine there
+_INTERNALS = (
+    "CHECKPOINT_FORMAT", "LaneSnapshot", "Packed", "Plan", "Probed", "RunnerSpec",
+    "SegmentPool", "StageKind", "WAIT_WARN_SHARE", "combiner_state", "compare_entries",
+    "lane_entries", "make_runner", "mixture_shares", "parse_resources", "parse_runners",
+    "parse_workers", "probe_dataset", "reader_keys", "recipe_file_keys", "recorder_for",
+    "sample_digest", "shard_samples", "split_workers", "step_entry", "unpack")
+
+#: names that leave the public surface in 0.4.0 (nothing outside the engine used them);
+#: 0.5.0 removes them here
+_REMOVED = {
+    "Backlog": "zephon_core.engine.backlog.Backlog",
+    "accepted_keys": "zephon_core.recipes.registry.accepted_keys",
+}
+
+_MOVED = {
+    **moved_names("zephon_core.extend",
+                  {name: f"zephon_core.internals.{name}" for name in _INTERNALS}, "0.4.0"),
+    **removed_names("zephon_core.extend", _REMOVED, "0.4.0",
+                    "the engine's own; nothing outside it used it"),
 }
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports("zephon_core.extend", _EXPORTS, globals())
+__getattr__, __dir__ = lazy_exports("zephon_core.extend", _EXPORTS, globals(), _MOVED)

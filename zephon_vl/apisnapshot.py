@@ -6,13 +6,13 @@
 What users import, call and write in a recipe file changes only on purpose (docs/api.md):
 ``tests/bench/test_api_snapshot.py`` compares this text with the committed file, so every
 change to the surface is a visible diff that goes with a changelog line. It lists, for
-`zephon_core`, `zephon_core.extend`, `zephon_vl` and `zephon_vl.titan`: each function's
-signature; each class's constructor, public methods, properties and attributes (a
-dataclass's fields with their defaults, an enum's members); each constant's value; a name
-re-exported from another namespace as an alias; every deprecation still served; and the
-keys recipe files accept, by kind and table, and each dataset format's options. The text
-is the same in every run and process: no memory addresses, sets sorted, defaults spelled
-by a fixed rule.
+`zephon_core`, `zephon_core.extend`, `zephon_core.internals`, `zephon_vl` and
+`zephon_vl.titan`: each function's signature; each class's constructor, public methods,
+properties and attributes (a dataclass's fields with their defaults, an enum's members);
+each constant's value; a name re-exported from another namespace as an alias; every
+deprecation still served; and the keys recipe files accept, by kind and table, and each
+dataset format's options. The text is the same in every run and process: no memory
+addresses, sets sorted, defaults spelled by a fixed rule.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from zephon_core.extend import deprecations, format_options, recipe_file_keys
+from zephon_core.extend import deprecations, format_options
+from zephon_core.internals import recipe_file_keys
 
 #: the public namespaces, in the order aliases are resolved (a re-export names the first)
-NAMESPACES = ("zephon_core", "zephon_core.extend", "zephon_vl", "zephon_vl.titan")
+NAMESPACES = ("zephon_core", "zephon_core.extend", "zephon_core.internals", "zephon_vl",
+              "zephon_vl.titan")
 #: special methods that are part of a class's public behaviour
 DUNDERS = ("__call__", "__len__", "__iter__", "__next__", "__enter__", "__exit__",
            "__getitem__", "__contains__")

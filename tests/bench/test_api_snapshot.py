@@ -14,6 +14,7 @@ import pytest
 
 import zephon_core
 import zephon_core.extend
+import zephon_core.internals
 import zephon_vl
 from zephon_vl.apisnapshot import COMMAND, api_text, describe, diff, signature_text, value_text
 
@@ -47,11 +48,13 @@ def test_the_snapshot_is_the_same_in_another_process(current: str) -> None:
 
 def test_zephon_vl_is_the_one_user_namespace() -> None:
     """zephon_vl holds every user name of zephon_core (the same objects); the author names
-    of zephon_core.extend are in neither."""
+    of zephon_core.extend and the engine's inside (zephon_core.internals) are in neither."""
     assert set(zephon_core.__all__) <= set(zephon_vl.__all__)
     for name in zephon_core.__all__:
         assert getattr(zephon_vl, name) is getattr(zephon_core, name), name
     assert not set(zephon_core.extend.__all__) & set(zephon_vl.__all__)
+    assert not set(zephon_core.internals.__all__) & set(zephon_vl.__all__)
+    assert not set(zephon_core.internals.__all__) & set(zephon_core.extend.__all__)
 
 
 def test_a_signature_or_default_change_changes_the_lines() -> None:

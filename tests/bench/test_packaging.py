@@ -27,7 +27,7 @@ def test_every_package_folder_is_in_the_distribution() -> None:
 
 
 @pytest.mark.parametrize("package", ["zephon_core", "zephon_vl", "zephon_core.extend",
-                                     "zephon_vl.titan"])
+                                     "zephon_core.internals", "zephon_vl.titan"])
 def test_public_names_resolve(package: str) -> None:
     module = importlib.import_module(package)
     assert module.__all__ == sorted(module.__all__)
@@ -78,14 +78,16 @@ def _notebook_code() -> list[tuple[str, str]]:
 
 
 def test_outside_code_uses_only_the_public_and_extension_names() -> None:
-    """zephon_vl, the benchmarks and the scripts import from ``zephon_core`` (its
-    ``__all__``) and ``zephon_core.extend`` (its ``__all__``) only (issue 22, item 4;
-    ``lint-imports`` checks the modules, this the names)."""
+    """zephon_vl, the benchmarks and the scripts import from ``zephon_core``,
+    ``zephon_core.extend`` and ``zephon_core.internals`` (each its ``__all__``) only (issue
+    22, item 4; ``lint-imports`` checks the modules, this the names)."""
     import zephon_core
     import zephon_core.extend
+    import zephon_core.internals
 
-    allowed = {"zephon_core": set(zephon_core.__all__) | {"extend"},
-               "zephon_core.extend": set(zephon_core.extend.__all__)}
+    allowed = {"zephon_core": set(zephon_core.__all__) | {"extend", "internals"},
+               "zephon_core.extend": set(zephon_core.extend.__all__),
+               "zephon_core.internals": set(zephon_core.internals.__all__)}
     paths = [p for top in ("zephon_vl", "benchmarks", "scripts")
              for p in (ROOT / top).rglob("*.py")]
     bad = [f"{f}:{line}: from {m} import {n}" for f, line, m, n in _core_imports(paths)

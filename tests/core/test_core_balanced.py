@@ -25,7 +25,7 @@ from tests.helpers.core import (
 )
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core import BalancedPack, BalanceSettings, CheckpointError, ConfigError, Execution
-from zephon_core.extend import combiner_state
+from zephon_core.internals import combiner_state
 
 COST = "vision"
 

@@ -27,7 +27,8 @@ from zephon_core import (
     Recipe,
 )
 from zephon_core.engine.plan import Plan
-from zephon_core.extend import Combiner, CombinerOp, Row, Segment, combiner_state
+from zephon_core.extend import Combiner, CombinerOp, Row, Segment
+from zephon_core.internals import combiner_state
 from zephon_core.ops.contract import Recompute
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.helpers.core import DataSpec, Spec, World, build_recipe, divisors
 from tests.helpers.ledger import Ledger, check_ledger, lane_streams, owners
 from zephon_core import Execution, Origin
-from zephon_core.extend import combiner_state
+from zephon_core.internals import combiner_state
 
 FINITE = Spec(datasets=(DataSpec((40, 27, 55), max_len=70, data_seed=5, bad_every=23),),
               num_lanes=4, rows_per_lane=2, epochs=1, shuffle_buffer=5, seq_len=32,

@@ -21,7 +21,7 @@ from tests.helpers.core import (
     reference_digests,
 )
 from zephon_core import Execution
-from zephon_core.extend import combiner_state
+from zephon_core.internals import combiner_state
 
 # A lane pipeline with state everywhere: a pointer shuffle before Read, and a
 # payload shuffle would be recomputed on restore; packer bins stay open.

@@ -9,9 +9,10 @@ import pytest
 
 from tests.helpers.core import DataSpec, Spec, World
 from zephon_core import BalancedPack, CheckpointError, Pack
-from zephon_core.engine.snapshot import COMBINER, OLD_COMBINER
+from zephon_core.engine.checkpoint import migrate_state
+from zephon_core.engine.snapshot import COMBINER
 from zephon_core.engine.state_check import CHECKSUM_KEY, state_checksum
-from zephon_core.extend import LaneSnapshot, combiner_state
+from zephon_core.internals import LaneSnapshot, combiner_state
 from zephon_core.records import Origin
 
 SPEC = Spec(datasets=(DataSpec((12, 7, 20), data_seed=1), DataSpec((5, 9), weight=0.5)),
@@ -27,10 +28,16 @@ def saved() -> tuple[dict, list[str]]:
         return state, w.digests(3)
 
 
-def _rekeyed(state: dict, fn) -> dict:
+#: the combiner's key in the states 0.1 to 0.3 wrote (checkpoint version 2)
+OLD_COMBINER = "packer"
+
+
+def _rekeyed(state: dict, fn, version: int | None = None) -> dict:
     copy = json.loads(json.dumps(state))
     for snap in copy["lanes"].values():
         fn(snap)
+    if version is not None:
+        copy["version"] = version
     copy[CHECKSUM_KEY] = state_checksum(copy)
     return copy
 
@@ -43,18 +50,38 @@ def test_snapshot_json_round_trips(saved) -> None:
 
 
 def test_old_combiner_key_restores_the_same_batches(saved) -> None:
+    """A version-2 state (0.1 to 0.3) holds the combiner under "packer"; the one migration
+    table renames it (`checkpoint.MIGRATIONS`), so no other code reads the old key."""
     state, after = saved
-    old = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s.pop(COMBINER)))
-    assert all(combiner_state(s) is s[OLD_COMBINER] for s in old["lanes"].values())
+    old = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s.pop(COMBINER)), version=2)
+    migrated = migrate_state(old)
+    for lane, snap in migrated["lanes"].items():
+        assert OLD_COMBINER not in snap
+        assert combiner_state(snap) == old["lanes"][lane][OLD_COMBINER]
     with World(SPEC, 1, state=old) as w:
         assert w.digests(3) == after
 
 
+def test_the_old_combiner_key_is_refused_in_a_current_state(saved) -> None:
+    state, _ = saved
+    current = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s.pop(COMBINER)))
+    with pytest.raises(CheckpointError, match="'combiner' is missing"):
+        World(SPEC, 1, state=current)
+
+
 def test_both_combiner_keys_are_refused(saved) -> None:
     state, _ = saved
-    both = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s[COMBINER]))
-    with pytest.raises(CheckpointError, match="packer"):
+    both = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s[COMBINER]), version=2)
+    with pytest.raises(CheckpointError, match="'packer' .* is set beside 'combiner'"):
         World(SPEC, 1, state=both)
+
+
+def test_a_damaged_version_2_state_is_still_refused_by_its_checksum(saved) -> None:
+    state, _ = saved
+    old = _rekeyed(state, lambda s: s.__setitem__(OLD_COMBINER, s.pop(COMBINER)), version=2)
+    old["lanes"]["0"]["dropped"] = {"edited": 1}  # after the checksum was made
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        World(SPEC, 1, state=old)
 
 
 def test_no_combiner_key_is_refused(saved) -> None:

@@ -112,3 +112,32 @@ def test_an_unknown_format_says_where_formats_come_from() -> None:
     with pytest.raises(ConfigError, match=r"unknown dataset format 'nope'; known: .*llava.*"
                        r"plugins loaded: zephon_vl.*zephon\.plugins"):
         dataset_reader(DatasetSpec(["x.jsonl"], "nope"))
+
+
+class Undeclared:
+    """A format that does not say whether its datasets may be folders."""
+
+    name = "undeclared"
+    fields: dict = {}
+    options: tuple[str, ...] = ()
+    path_options: tuple[str, ...] = ()
+
+    def reader(self, spec, fields, index_cache):
+        raise AssertionError("never read")
+
+
+def test_a_format_declares_whether_it_reads_folders(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reads_folders` is part of the format contract (`DataFormat`), not probed with a
+    default: a format without it is refused when registered, naming what it lacks (before,
+    it registered, and a folder given to it was refused as if it had said False)."""
+    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
+    with pytest.raises(ConfigError, match=r"register_format\('undeclared'\).* lacks "
+                       r"reads_folders"):
+        formats.register_format("undeclared", Undeclared())
+    assert "undeclared" not in known_formats()
+    folders = {name: formats.data_format(name).reads_folders for name in known_formats()}
+    assert folders["text"] is False and folders["webdataset"] is False
+    assert folders["mds"] is True and folders["litdata"] is True
+    with pytest.raises(ConfigError, match="is a folder"):
+        dataset_reader(DatasetSpec([str(tmp_path)], "text"))

@@ -13,7 +13,7 @@ import pytest
 
 from zephon_core import ConfigError, Execution
 from zephon_core.engine.ray_runner import float_bytes, own_copy
-from zephon_core.extend import parse_resources
+from zephon_core.internals import parse_resources
 
 NO_RAY = """
 import sys

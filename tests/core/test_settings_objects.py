@@ -22,7 +22,8 @@ from zephon_core import (
     PackSettings,
     RunnerKind,
 )
-from zephon_core.extend import Plan, RunnerSpec, StageFn, make_runner
+from zephon_core.extend import StageFn
+from zephon_core.internals import Plan, RunnerSpec, make_runner
 
 
 def test_pack_takes_its_settings_object_and_repeats_no_default():

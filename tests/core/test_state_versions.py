@@ -12,9 +12,10 @@ import pytest
 
 from tests.helpers.core import DataSpec, Spec, World
 from zephon_core import ChatFraming, CheckpointError
+from zephon_core.common import later
 from zephon_core.engine.checkpoint import MIGRATIONS, VERSION, migrate_state
-from zephon_core.engine.state_check import CHECKSUM_KEY
-from zephon_core.extend import flat_settings, setting, settings_fingerprint
+from zephon_core.engine.state_check import CHECKSUM_KEY, later_fields_note, without_later_fields
+from zephon_core.extend import flat_settings, later_shard_field, setting, settings_fingerprint
 from zephon_vl import ImageSettings
 
 SPEC = Spec(datasets=(DataSpec((12, 7, 20), data_seed=1), DataSpec((5, 9), weight=0.5)),
@@ -56,12 +57,14 @@ def saved() -> tuple[dict, list[str]]:
 
 
 def as_version_1(state: dict) -> dict:
-    """`state` as version 1 wrote it: lanes unnamed, no SHA-256 of itself."""
+    """`state` as version 1 wrote it: lanes unnamed, no SHA-256 of itself, the combiner's
+    state under "packer"."""
     old = copy.deepcopy(state)
     old["version"] = 1
     del old[CHECKSUM_KEY]
     for snap in old["lanes"].values():
         del snap["lane"]
+        snap["packer"] = snap.pop("combiner")
     return old
 
 
@@ -79,7 +82,7 @@ def test_a_version_1_state_is_migrated_and_restores_the_same_batches(saved):
 
 @pytest.mark.parametrize("version, match", [
     (VERSION + 1, rf"checkpoint version {VERSION + 1} was written by a newer zephon"),
-    (0, r"checkpoint version 0 is not one zephon wrote \(known: 1 and 2\)"),
+    (0, r"checkpoint version 0 is not one zephon wrote \(known: 1, 2 and 3\)"),
     ("2", r"checkpoint version '2' is not one zephon wrote"),
 ])
 def test_other_versions_are_refused_naming_them(saved, version, match):
@@ -88,3 +91,23 @@ def test_other_versions_are_refused_naming_them(saved, version, match):
         migrate_state(state)
     with pytest.raises(CheckpointError, match=match), World(SPEC, 2, state=state):
         pass
+
+
+def test_a_later_shard_field_is_read_from_its_declaration(monkeypatch):
+    """A field a shard identity gained is no mismatch against a fingerprint written before it
+    because the code that writes it declared it (`later_shard_field`), not because a list
+    beside the check names it; an undeclared one is the mismatch to name."""
+    monkeypatch.setattr(later, "_DECLARED", copy.deepcopy(later._DECLARED))
+    recorded = {"datasets": [{"shards": [{"name": "a", "samples": 3}]}]}
+    ours = {"datasets": [{"shards": [{"name": "a", "samples": 3, "notes": {"n": 1}}]}]}
+    assert without_later_fields(recorded, ours) == (ours, [])
+    assert later_shard_field("notes", since="0.9.0", covers="the notes beside it") == "notes"
+    left, missing = without_later_fields(recorded, ours)
+    assert left == recorded and missing == ["fingerprint.datasets[0].shards[0].notes"]
+    note = later_fields_note(missing)
+    assert "zephon-vl 0.9.0" in note and "the notes beside it" in note
+    # the built-in ones, each declared where it is written
+    import zephon_vl.formats.base  # noqa: F401  (declares the record formats' "media")
+
+    assert later.later_fields(later.SHARD_IDENTITY)["media"].since == "0.4.0"
+    assert set(later.later_fields(later.LEDGER_ENTRY)) == {"key", "detail"}

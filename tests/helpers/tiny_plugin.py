@@ -44,6 +44,7 @@ class LinesFormat:
     fields: Mapping[str, str] = {}
     options: tuple[str, ...] = ("skip_blank", "notes_folder")
     path_options: tuple[str, ...] = ("notes_folder",)
+    reads_folders = False
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> LinesReader:

@@ -12,7 +12,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip insta
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
 
 from zephon_core import CheckpointError, ConfigError, RetryPolicy, batch_digest
-from zephon_core.extend import parse_workers
+from zephon_core.internals import parse_workers
 from zephon_vl.titan.dataloader import (  # noqa: E402
     ZephonDataLoader,
     next_global_step,

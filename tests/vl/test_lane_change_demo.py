@@ -23,7 +23,7 @@ import pytest
 from zephon_core import ElasticRun, Execution, batch_digest, change_lanes, load_recipe
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import DatasetOrder, LaneSource, SourceState
-from zephon_core.extend import combiner_state
+from zephon_core.internals import combiner_state
 
 K = {"text-demo": 6, "vlm-demo": 4}
 

@@ -28,6 +28,9 @@ from zephon_core.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: how a removal without a successor (`removed_names`) spells its `Deprecation.new`
+NO_REPLACEMENT = "no replacement"
+
 
 class Deprecation(NamedTuple):
     """One deprecated spelling: `old` as a user writes it, `new` its replacement, the
@@ -46,6 +49,9 @@ class Deprecation(NamedTuple):
         return f"{major}.{minor + 1}.0"
 
     def message(self) -> str:
+        if self.new.startswith(NO_REPLACEMENT):  # `removed_names`: nothing to use instead
+            return (f"{self.old} is deprecated since zephon-vl {self.since} and will be "
+                    f"removed in {self.removed_in} with {self.new}")
         return (f"{self.old} is deprecated since zephon-vl {self.since} and will be removed "
                 f"in {self.removed_in}; use {self.new}")
 
@@ -75,14 +81,17 @@ def deprecation(old: str, new: str, since: str) -> Deprecation:
 
 
 class MovedName(NamedTuple):
-    """A public name that left `package`: its object is now ``new`` (a dotted path)."""
+    """A public name that left `package`: its object is now ``new`` (a dotted path), or,
+    for a name removed without a successor (`removed_names`), ``target``, where the
+    library keeps it for its own use."""
 
     name: str
     new: str
     deprecation: Deprecation
+    target: str = ""
 
     def resolve(self) -> Any:
-        module, _, attr = self.new.rpartition(".")
+        module, _, attr = (self.target or self.new).rpartition(".")
         return getattr(importlib.import_module(module), attr)
 
 
@@ -91,6 +100,16 @@ def moved_names(package: str, moves: Mapping[str, str], since: str) -> dict[str,
     ``package.old`` still returns the object, with a warning naming where it lives now."""
     return {old: MovedName(old, new, deprecation(f"{package}.{old}", new, since))
             for old, new in moves.items()}
+
+
+def removed_names(package: str, removed: Mapping[str, str], since: str,
+                  why: str) -> dict[str, MovedName]:
+    """``{old name: "module.Name"}`` -> the table `lazy_exports` serves for names that
+    leave `package` without a public successor (`why` says why, in the warning): the
+    object, from where the library keeps it, with a warning that nothing replaces it."""
+    new = f"{NO_REPLACEMENT} ({why})"
+    return {old: MovedName(old, new, deprecation(f"{package}.{old}", new, since), target)
+            for old, target in removed.items()}
 
 
 def user_stacklevel() -> int:

@@ -17,6 +17,11 @@ from zephon_core.errors import BadSampleError
 MAX_DEPTH = 100
 
 
+def is_count(v: Any) -> bool:
+    """A non-negative JSON integer (not a bool): what a count in a saved state must be."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def depth(obj: Any) -> int:
     deepest, stack = 0, [(obj, 1)]
     while stack:

@@ -66,6 +66,9 @@ class DataFormat(Protocol):
     #: the options among them that name files or folders, each a path or URL or a list of
     #: them: a recipe file resolves them relative to itself, like its ``files``
     path_options: tuple[str, ...]
+    #: a dataset's ``files`` may name folders (mds, litdata: a dataset is a folder of
+    #: shards); False: `dataset_reader` refuses a folder, naming it
+    reads_folders: bool
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> ShardReader:
@@ -89,6 +92,7 @@ class TextFormat:
     fields: Mapping[str, str] = {"text": "text"}
     options: tuple[str, ...] = ()
     path_options: tuple[str, ...] = ()
+    reads_folders = False
     chats = ("conversations", "messages")
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
@@ -185,8 +189,7 @@ def register_format(name: str, fmt: DataFormat | str, *, suffixes: Sequence[str]
     ensure_plugins()   # a plugin's name never replaces one registered after it
     if not isinstance(fmt, (str, DataFormat)):
         raise ConfigError(f"register_format({name!r}) takes a format object or "
-                          f"\"module:attr\"; {fmt!r} lacks some of name, fields, options, "
-                          "path_options, reader(spec, fields, index_cache)")
+                          f"\"module:attr\"; {fmt!r} lacks {_lacks(fmt)} (see DataFormat)")
     _FORMATS[name] = fmt
     for table, given in ((_SUFFIXES, suffixes), (_MANIFESTS, manifests)):
         for suffix in given:
@@ -194,6 +197,14 @@ def register_format(name: str, fmt: DataFormat | str, *, suffixes: Sequence[str]
                 raise ConfigError(f"register_format({name!r}): a suffix starts with a dot "
                                   f"('.tar'), got {suffix!r}")
             table[suffix.lower()] = name
+
+
+def _lacks(fmt: Any) -> str:
+    """The members of `DataFormat` that `fmt` lacks, for the error that refuses it."""
+    members = ("name", "fields", "options", "path_options", "reads_folders", "reader")
+    missing = [m for m in members if not hasattr(fmt, m)]
+    return ", ".join(m if m != "reader" else "reader(spec, fields, index_cache)"
+                     for m in missing) or "nothing (but is not a DataFormat)"
 
 
 def known_formats() -> list[str]:
@@ -226,8 +237,7 @@ def data_format(name: str) -> DataFormat:
         ref = obj() if isinstance(obj, type) else obj
         if not isinstance(ref, DataFormat):
             raise ConfigError(f"dataset format {name!r} ({_FORMATS[name]}) is not a format: "
-                              "it needs name, fields, options, path_options and "
-                              "reader(spec, fields, index_cache)")
+                              f"it lacks {_lacks(ref)} (see DataFormat)")
         _FORMATS[name] = ref
     return ref
 
@@ -309,7 +319,7 @@ def dataset_reader(value: Any, index_cache: str | None = None,
     name = dataset_format(spec)
     fmt = data_format(name)
     folders = [f for f in spec.file_list if not is_remote(f) and os.path.isdir(f)]
-    if folders and not getattr(fmt, "reads_folders", False):  # mds, litdata: a folder
+    if folders and not fmt.reads_folders:
         raise ConfigError(f"{folders[0]!r} is a folder; a dataset lists its files "
                           "(.tar shards, .jsonl/.json or .parquet files), or one manifest "
                           "from `zephon-vl index`")

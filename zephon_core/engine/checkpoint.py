@@ -17,7 +17,7 @@ from typing import Any
 
 from zephon_core.common.files import atomic_write
 from zephon_core.data.readers import ExplainsChanges
-from zephon_core.engine.snapshot import LaneSnapshot
+from zephon_core.engine.snapshot import COMBINER, LaneSnapshot
 from zephon_core.engine.state_check import (
     CHECKSUM_KEY,
     LaneChecker,
@@ -32,8 +32,9 @@ from zephon_core.errors import CheckpointError
 
 #: the ``format`` field of every saved state: a state without it is refused as not zephon's
 FORMAT = "zephon-checkpoint"
-#: 2: lane snapshots name their lane, and the state carries a SHA-256 of itself
-VERSION = 2
+#: 2: lane snapshots name their lane, and the state carries a SHA-256 of itself;
+#: 3: a lane's combiner state is under "combiner" (version 2 wrote "packer" until 0.3)
+VERSION = 3
 
 
 def _from_v1(state: dict) -> dict:
@@ -49,9 +50,39 @@ def _from_v1(state: dict) -> dict:
     return out
 
 
+#: the combiner's key in the lane states of versions 1 and 2 up to 0.3 (`_from_v2`)
+_PACKER = "packer"
+
+
+def _from_v2(state: dict) -> dict:
+    """Version 2 -> 3: the combiner's state moves from a lane's ``packer`` key (0.1 to 0.3)
+    to ``combiner``, the key 0.4 writes, so only this function knows the old one. The
+    state's SHA-256 is made again only where the old one matched: a damaged state is still
+    refused by it, after the field checks had their chance to name the field."""
+    lanes = state.get("lanes")
+    if isinstance(lanes, dict):
+        lanes = {k: _combiner_key(k, v) for k, v in lanes.items()}
+    out = {**state, "lanes": lanes, "version": 3}
+    if state.get(CHECKSUM_KEY) == state_checksum(state):
+        out[CHECKSUM_KEY] = state_checksum(out)
+    return out
+
+
+def _combiner_key(lane: str, snap: Any) -> Any:
+    if not isinstance(snap, dict) or _PACKER not in snap:
+        return snap
+    if COMBINER in snap:
+        raise CheckpointError(f"lane {lane}: the checkpoint's lane state is corrupt: field "
+                              f"{_PACKER!r} (the combiner's key before 0.4) is set beside "
+                              f"{COMBINER!r}; restore from an intact checkpoint file")
+    out = {k: v for k, v in snap.items() if k != _PACKER}
+    out[COMBINER] = snap[_PACKER]
+    return out
+
+
 #: the one table of older states: version -> the function that makes it the next version.
 #: A change of the state's layout bumps `VERSION` and adds its row here.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_v1}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _from_v1, 2: _from_v2}
 
 
 def migrate_state(state: Any) -> Any:
@@ -176,8 +207,8 @@ def check_fingerprint(recorded: dict, fingerprint: dict,
     field that differs; where it is a shard's and the dataset's reader (`readers`, in
     dataset order) can say what changed in it (`ExplainsChanges`), that too.
 
-    A recorded fingerprint written before a shard field existed (`LATER_SHARD_FIELDS`)
-    matches without it, with a warning.
+    A recorded fingerprint written before a shard identity field existed (one declared with
+    `later_field`) matches without it, with a warning.
     """
     ours, missing = without_later_fields(recorded, fingerprint)
     diff = first_difference(recorded, ours, "fingerprint")

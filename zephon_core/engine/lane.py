@@ -331,8 +331,8 @@ class LaneRun:
         """Rebuild the lane from a snapshot; payloads are recomputed from origins."""
         try:
             snap = LaneSnapshot.from_json(state)
+            self._hooks.restore(snap.hooks, f"lane {self.lane}")
             self._source.set_state(snap.source)
-            self._hooks.restore(snap.hooks)
             if len(self._source.state.counts) != len(self._source.orders):
                 raise ValueError(f"source.counts has {len(self._source.state.counts)} entries "
                                  f"for {len(self._source.orders)} datasets")

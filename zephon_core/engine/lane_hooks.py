@@ -19,7 +19,10 @@ the lane was given them.
 A hook with per-lane state names its slice of the lane snapshot
 (`state_key`) and gives it as JSON data (`state`, `restore`): the key sits
 beside the code that reads it, and the lane saves and restores every slice
-the same way. A restore whose snapshot lacks the slice refuses it.
+the same way. A slice comes back from a file that may be damaged or edited,
+so the hook checks it (`check_state`) before anything is restored: a restore
+refuses a missing or bad slice naming its key and what is wrong, and no hook
+restores unless every hook's slice passed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from zephon_core.errors import CheckpointError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
 
@@ -127,8 +131,14 @@ class LaneHook:
         """The hook's slice of the snapshot, as JSON data (with a `state_key`)."""
         return None
 
+    def check_state(self, state: Any) -> None:
+        """Refuse a slice `restore` could not continue from exactly: raise `ValueError`
+        saying what is wrong with it (the lane adds which lane and which key). Called for
+        every hook with state before any hook restores; a slice that passes must restore
+        without an error. A hook with state implements it."""
+
     def restore(self, state: Any) -> None:
-        """Continue from `state` (what `state` gave)."""
+        """Continue from `state` (what `state` gave; `check_state` passed it)."""
 
 
 #: the events a lane dispatches (every method of `LaneHook` but the state's)
@@ -204,10 +214,29 @@ class LaneHooks:
         """Every stateful hook's slice, by its key."""
         return {h.state_key: h.state() for h in self.stateful if h.state_key is not None}
 
-    def restore(self, slices: Mapping[str, Any]) -> None:
-        """Give every stateful hook its slice; a missing one raises KeyError (the lane
-        reports the snapshot as damaged)."""
+    def check_state(self, slices: Mapping[str, Any], where: str) -> None:
+        """Refuse `slices` (`CheckpointError`, naming `where`, the hook's key and what is
+        wrong) unless every stateful hook has its slice and accepts it."""
         for h in self.stateful:
-            assert h.state_key is not None
+            key = h.state_key
+            if key not in slices:
+                raise _refused(where, h, "is missing (the checkpoint was written without "
+                               "this hook: give the loader the lane hooks it was saved with)")
+            try:
+                h.check_state(slices[key])
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+                raise _refused(where, h, str(exc) or type(exc).__name__) from None
+
+    def restore(self, slices: Mapping[str, Any], where: str) -> None:
+        """Give every stateful hook its slice, once every one has been checked: a bad slice
+        leaves every hook as it was."""
+        self.check_state(slices, where)
+        for h in self.stateful:
             h.restore(slices[h.state_key])
+
+
+def _refused(where: str, hook: LaneHook, what: str) -> CheckpointError:
+    return CheckpointError(f"{where}: the checkpoint's {hook.state_key!r} (the state of lane "
+                           f"hook {type(hook).__name__}) {what}; restore from an intact "
+                           "checkpoint file")
 

@@ -58,7 +58,6 @@ from pathlib import Path
 from zephon_core.common.digest import SAMPLE_DIGEST
 from zephon_core.engine.checkpoint import fingerprint_digest
 from zephon_core.engine.ledger_compare import (  # noqa: F401  (the comparison's names, here too)
-    ADDED_FIELDS,
     Comparison,
     Divergence,
     _same_recipe,

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zephon_core.common.later import LEDGER_ENTRY, later_fields
 from zephon_core.engine.checkpoint import first_difference, short_json
 from zephon_core.engine.ledger_entries import _ORIGIN, LedgerError
 from zephon_core.engine.state_check import without_later_fields
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def _same_recipe(a: dict, b: dict, name_a: str, name_b: str) -> None:
-    # a ledger written before a shard field existed (`LATER_SHARD_FIELDS`) lacks it
+    # a ledger written before a shard identity field existed (`later_field`) lacks it
     b = without_later_fields(a, b)[0]
     a = without_later_fields(b, a)[0]
     diff = first_difference(a, b, "fingerprint")
@@ -99,19 +100,16 @@ def _drop_name(d: dict) -> str:
     return f"{_name(d)} dropped as {d.get('reason')!r}"
 
 
-#: entry fields that later versions added (a drop's sample key, its detail): a ledger
-#: written before them lacks them, which is no divergence
-ADDED_FIELDS = frozenset({"key", "detail"})
-
-
 def _same(x: dict, y: dict) -> bool:
-    """Equal, up to `ADDED_FIELDS` that only one side has."""
-    return all(x[k] == y[k] if k in x and k in y else k in ADDED_FIELDS
-               for k in set(x) | set(y))
+    """Equal, up to fields a later release added to ledger entries (declared where they are
+    written, `ledger_entries`) that only one side has: a ledger written before them lacks
+    them, which is no divergence."""
+    added = later_fields(LEDGER_ENTRY)
+    return all(x[k] == y[k] if k in x and k in y else k in added for k in set(x) | set(y))
 
 
 def _divergence(t: int, a: dict, b: dict) -> Divergence | None:
-    """Why step `t`'s digests differ; None when only `ADDED_FIELDS` one side lacks do."""
+    """Why step `t`'s digests differ; None when only later fields one side lacks do."""
     lanes = sorted(set(a.get("lanes", {})) | set(b.get("lanes", {})), key=int)
     differ = [int(k) for k in lanes if a["lanes"].get(k) != b["lanes"].get(k)]
     if not differ:

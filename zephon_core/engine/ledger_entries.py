@@ -11,12 +11,17 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from zephon_core.common.later import LEDGER_ENTRY, later_field
 from zephon_core.data.readers import sample_key_of
 from zephon_core.errors import ZephonError
 from zephon_core.ops.contract import Row
 from zephon_core.records import Origin
 
 _ORIGIN = ("seq", "dataset", "shard", "index", "epoch")
+#: a sample's or a drop's own key (``file:id``), where its reader names samples
+KEY = later_field(LEDGER_ENTRY, "key", since="0.3.0", covers="the samples' own keys")
+#: why a sample was dropped, in words (the reason decides the drop; the digest leaves it out)
+DETAIL = later_field(LEDGER_ENTRY, "detail", since="0.3.0", covers="the drops' details")
 
 
 class LedgerError(ZephonError):
@@ -53,7 +58,7 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 sample: dict[str, Any] = _origin(s.origin)
                 key = keys(s.origin.dataset, s.origin.shard, s.origin.index) if keys else None
                 if key is not None:
-                    sample["key"] = key
+                    sample[KEY] = key
                 sample["span"] = [s.start, s.end]
                 if phase_of is not None:
                     sample["phase"] = phase_of[lane](s.origin)
@@ -66,12 +71,12 @@ def lane_entries(lanes: list[int], rows_per_lane: int, rows: list[Row],
                 drop: dict[str, Any] = _origin(o)
                 key = keys(o.dataset, o.shard, o.index) if keys else None
                 if key is not None:
-                    drop["key"] = key
+                    drop[KEY] = key
                 drop["reason"] = reason
                 digested.append(dict(drop))
                 detail = row.drop_details[j] if j < len(row.drop_details) else ""
                 if detail:
-                    drop["detail"] = detail
+                    drop[DETAIL] = detail
                 drops.append(drop)
         # the digest leaves details out: they explain a drop, the reason decides it
         out[lane] = {"rows": lane_rows, "drops": drops,
@@ -109,10 +114,10 @@ def end_entry(step: int, rows: int, drops: Iterable[tuple[int, Origin, str, str]
         drop: dict[str, Any] = {"lane": lane, **_origin(o)}
         key = keys(o.dataset, o.shard, o.index) if keys else None
         if key is not None:
-            drop["key"] = key
+            drop[KEY] = key
         drop["reason"] = reason
         if detail:
-            drop["detail"] = detail
+            drop[DETAIL] = detail
         out.append(drop)
     return {"end": step, "rows": rows, "drops": out}
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import TYPE_CHECKING, Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.data.readers import shard_lengths
 from zephon_core.data.sources import Dataset, DatasetOrder, LaneSource
 from zephon_core.data.storage_settings import storage_settings
@@ -38,7 +39,6 @@ from zephon_core.engine.plan import Plan
 from zephon_core.engine.rank_hooks import LaneHookFactory, RankHooks
 from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runner_base import Runner
-from zephon_core.engine.state_check import is_count
 from zephon_core.engine.steps import Step, StepMeta, collate_rows
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import Row

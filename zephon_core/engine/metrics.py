@@ -380,10 +380,11 @@ def recorder_for(loader: Any, wait_warn_share: float | None) -> MetricsRecorder:
             stages.append((st.name, DRIVER, 1))
         else:
             runner = loader.runners.get(st.index)
-            stages.append((st.name, st.runner_kind, int(getattr(runner, "workers", st.workers))))
+            workers = runner.workers if runner is not None else st.workers
+            stages.append((st.name, st.runner_kind, int(workers)))
 
     def restarts() -> int:
-        return sum(int(getattr(r, "restarts", 0)) for r in loader.runners.values())
+        return sum(r.restarts for r in loader.runners.values())
 
     def backlog() -> tuple[int, int]:
         return loader.backlog.held, loader.backlog.peak

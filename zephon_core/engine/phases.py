@@ -36,9 +36,11 @@ slice of the lane snapshot, under ``phase_gate``.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.data.sources import LaneSource
 from zephon_core.engine.lane_hooks import LaneHook, LaneView
 from zephon_core.records import Origin
@@ -166,6 +168,11 @@ class PhaseGate(LaneHook):
                 "settled_tokens": list(self.settled_tokens),
                 "settled_samples": list(self.settled_samples)}
 
+    def check_state(self, state: Any) -> None:
+        problem = gate_problem(state, len(self.source.orders))
+        if problem is not None:
+            raise ValueError(f"field {problem[0]!r} {problem[1]}")
+
     def restore(self, d: dict) -> None:
         self.entries = deque(tuple(int(x) for x in e) for e in d["entries"])  # type: ignore[misc]
         self.settled_tokens = [int(x) for x in d["settled_tokens"]]
@@ -173,3 +180,35 @@ class PhaseGate(LaneHook):
         self.tau = {Origin(*(int(x) for x in e[:5])): int(e[5]) for e in d["tau"]}
         self.start_draws = [int(n) for n in d["start_draws"]]
         self.acc_phase = {str(k): int(v) for k, v in d["acc_phase"].items()}
+
+
+def gate_problem(gate: Any, datasets: int) -> tuple[str, str] | None:
+    """What is wrong with a phase gate's slice of `datasets` datasets, as (field, what), or
+    None: its shape, which needs no other part of the snapshot. The gate refuses such a
+    slice before a lane restores (`PhaseGate.check_state`); the checkpoint check adds what
+    the rest of the snapshot says about it (`engine.snapshot`)."""
+    key = PhaseGate.state_key
+    if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
+            and isinstance(gate.get("tau"), list)
+            and all(isinstance(e, list) and len(e) == 5 and all(is_count(x) for x in e)
+                    and e[3] < datasets for e in gate["entries"])
+            and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
+                    for e in gate["tau"])):
+        return key, ("is not {entries: [[trigger, rows, phase, dataset, tokens]...], "
+                     "tau: [[origin..., trigger]...]}")
+    for field in ("settled_tokens", "settled_samples"):
+        v = gate.get(field)
+        if not (isinstance(v, list) and len(v) == datasets and all(is_count(x) for x in v)):
+            return f"{key}.{field}", "is not a count per dataset"
+    for e in gate["tau"]:
+        if not all(is_count(x) for x in e[:5]):
+            return f"{key}.tau", (f"holds {json.dumps(e)[:80]}, not an origin [seq, dataset, "
+                                  "shard, index, epoch] and its trigger")
+    starts = gate.get("start_draws")
+    if not (isinstance(starts, list) and all(is_count(n) for n in starts)
+            and starts == sorted(starts)):
+        return f"{key}.start_draws", "is not an increasing list of draws"
+    acc = gate.get("acc_phase")
+    if not (isinstance(acc, dict) and all(is_count(v) for v in acc.values())):
+        return f"{key}.acc_phase", "is not a phase per accumulator"
+    return None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.data.sources import Relaned, SourceState
 from zephon_core.engine.batches import BatchSchedule
 from zephon_core.engine.checkpoint import (
@@ -47,7 +48,6 @@ from zephon_core.engine.checkpoint import (
     resized_of,
 )
 from zephon_core.engine.snapshot import LaneSnapshot
-from zephon_core.engine.state_check import is_count
 from zephon_core.errors import CheckpointError, ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, StatefulOp
 from zephon_core.records import Origin

@@ -68,6 +68,8 @@ class CpuMeter:
 class Runner:
     kind = RunnerKind.INLINE
     workers = 1
+    #: workers replaced since it started (died or hung; the process runner's count)
+    restarts = 0
     #: CPU its workers spent in the stage (None: not measured, e.g. Ray tasks)
     cpu: CpuMeter | None = None
     #: its workers were forked from this process: they share what it has loaded

@@ -22,9 +22,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
 from zephon_core.data.sources import SourceState
-from zephon_core.engine.phases import PhaseGate
-from zephon_core.engine.state_check import LaneChecker, OpChecks, is_count
+from zephon_core.engine.phases import PhaseGate, gate_problem
+from zephon_core.engine.state_check import LaneChecker, OpChecks
 from zephon_core.records import Origin
 
 SOURCE = "source"
@@ -32,10 +33,9 @@ SOURCE_DONE = "source_done"
 ROWS = "rows"
 PENDING = "pending"
 ACCUMULATORS = "accumulators"
-#: the combiner's per-lane state
+#: the combiner's per-lane state (states written before 0.4 say "packer":
+#: `engine.checkpoint.MIGRATIONS` renames it)
 COMBINER = "combiner"
-#: the same, as states written before the key was renamed spell it (still read, never written)
-OLD_COMBINER = "packer"
 FLUSHED = "flushed"
 DROPS = "drops"
 DROP_DETAILS = "drop_details"
@@ -48,7 +48,7 @@ PHASE_GATE = PhaseGate.state_key
 REQUIRED = (SOURCE, SOURCE_DONE, ROWS, PENDING, ACCUMULATORS, COMBINER, FLUSHED, DROPS, DROPPED,
             LANE)
 #: every key of the lane's own schema; any other key is a hook's slice
-SCHEMA = frozenset((*REQUIRED, OLD_COMBINER, DROP_DETAILS))
+SCHEMA = frozenset((*REQUIRED, DROP_DETAILS))
 
 
 @dataclass
@@ -125,12 +125,9 @@ class LaneSnapshot:
         """Refuse a damaged snapshot of `lane`, naming the field (`CheckpointError`)."""
         if not isinstance(snap, dict):
             raise checker.fail(lane, "the lane state", "is not a mapping")
-        have = set(snap) | ({COMBINER} if OLD_COMBINER in snap else set())
-        missing = [k for k in REQUIRED if k not in have]
+        missing = [k for k in REQUIRED if k not in snap]
         if missing:
             raise checker.fail(lane, f"field {sorted(missing)[0]!r}", "is missing")
-        if COMBINER in snap and OLD_COMBINER in snap:
-            raise checker.fail(lane, f"field {OLD_COMBINER!r}", f"is set beside {COMBINER!r}")
         if snap[LANE] != lane:
             raise checker.fail(lane, "field 'lane'", f"says {snap[LANE]!r}: the states of lanes "
                                "were swapped or copied")
@@ -145,11 +142,10 @@ class LaneSnapshot:
 
 
 def combiner_state(snap: dict, default: Any = None) -> Any:
-    """The combiner's state in a snapshot's JSON, under its key or the one older states use."""
+    """The combiner's state in a snapshot's JSON (of a state at the current version:
+    `migrate_state` renames the key older ones used); `default` where it has none."""
     if COMBINER in snap:
         return snap[COMBINER]
-    if OLD_COMBINER in snap:
-        return snap[OLD_COMBINER]
     if default is None:
         raise KeyError(COMBINER)
     return default
@@ -196,8 +192,7 @@ def _check_operators(checker: LaneChecker, lane: int, snap: dict) -> None:
         op = checker.ops[int(position)]
         op.check_state(state, OpChecks(checker, lane, f"accumulators[{position}] ({op.name})",
                                        draws))
-    key = COMBINER if COMBINER in snap else OLD_COMBINER
-    checker.ops[-1].check_state(snap[key], OpChecks(checker, lane, key, draws))
+    checker.ops[-1].check_state(snap[COMBINER], OpChecks(checker, lane, COMBINER, draws))
     flushed = snap[FLUSHED]
     if not (isinstance(flushed, list)
             and {str(i) for i in flushed if is_count(i)} <= checker.stateful
@@ -275,27 +270,15 @@ def _check_phases(checker: LaneChecker, lane: int, snap: dict) -> None:
         raise checker.fail(lane, "source.phase_counts", "does not count the phase's draws "
                            "per dataset")
     gate = snap.get(PHASE_GATE)
-    if not (isinstance(gate, dict) and isinstance(gate.get("entries"), list)
-            and isinstance(gate.get("tau"), list)
-            and all(isinstance(e, list) and len(e) == 5 and all(is_count(x) for x in e)
-                    and e[3] < nds for e in gate["entries"])
-            and all(isinstance(e, list) and len(e) == 6 and is_count(e[5])
-                    for e in gate["tau"])):
-        raise checker.fail(lane, PHASE_GATE, "is not {entries: [[trigger, rows, phase, "
-                           "dataset, tokens]...], tau: [[origin..., trigger]...]}")
-    for key in ("settled_tokens", "settled_samples"):
-        v = gate.get(key)
-        if not (isinstance(v, list) and len(v) == nds and all(is_count(x) for x in v)):
-            raise checker.fail(lane, f"phase_gate.{key}", "is not a count per dataset")
+    problem = gate_problem(gate, nds)
+    if problem is not None:
+        raise checker.fail(lane, *problem)
     for e in gate["tau"]:
         checker.origin(lane, "phase_gate.tau", e[:5], src["draws"])
-    starts = gate.get("start_draws")
-    if not (isinstance(starts, list) and len(starts) == src["phase"]
-            and all(is_count(n) and n <= src["draws"] for n in starts)
-            and starts == sorted(starts)):
+    if len(gate["start_draws"]) != src["phase"] or \
+            any(n > src["draws"] for n in gate["start_draws"]):
         raise checker.fail(lane, "phase_gate.start_draws", "is not the start draws of the "
                            f"{src['phase']} phases begun so far")
-    acc = gate.get("acc_phase")
-    if not (isinstance(acc, dict) and set(acc) <= checker.accumulators
-            and all(is_count(v) and v <= src["phase"] for v in acc.values())):
+    if not (set(gate["acc_phase"]) <= checker.accumulators
+            and all(v <= src["phase"] for v in gate["acc_phase"].values())):
         raise checker.fail(lane, "phase_gate.acc_phase", "is not a phase per accumulator")

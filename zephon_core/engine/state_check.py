@@ -23,6 +23,8 @@ import hashlib
 import json
 from typing import Any
 
+from zephon_core.common.jsontext import is_count
+from zephon_core.common.later import SHARD_IDENTITY, LaterField, later_fields
 from zephon_core.errors import CheckpointError
 
 #: far above any real state (about 7 KB per lane), far below what would exhaust memory
@@ -101,17 +103,12 @@ def shard_samples(shard: dict) -> int | None:
     return None
 
 
-#: fields a shard's identity gained after checkpoints were first written, with what they
-#: cover: a fingerprint whose shards lack one was written before it and still matches (its
-#: restore warns that what the field covers goes unchecked once, `without_later_fields`)
-LATER_SHARD_FIELDS = {"media": "the media its records name (image_folder, video_folder, "
-                      "names, sizes and mtimes of the files)"}
-
-
 def without_later_fields(recorded: Any, ours: dict) -> tuple[dict, list[str]]:
-    """`ours` without the `LATER_SHARD_FIELDS` that the shards of fingerprint `recorded`
-    lack, and the paths left out. Only where both list the same datasets and shards: any
-    other difference is the mismatch to name."""
+    """`ours` without the shard identity fields a later release added (`later_field`,
+    declared where a reader writes them) that the shards of fingerprint `recorded` lack,
+    and the paths left out: a fingerprint written before such a field still matches. Only
+    where both list the same datasets and shards: any other difference is the mismatch to
+    name."""
     theirs = recorded.get("datasets") if isinstance(recorded, dict) else None
     mine = ours.get("datasets")
     if not (isinstance(theirs, list) and isinstance(mine, list) and len(theirs) == len(mine)):
@@ -125,25 +122,34 @@ def without_later_fields(recorded: Any, ours: dict) -> tuple[dict, list[str]]:
             continue
         shards = []
         for j, (ts, ms) in enumerate(zip(t_shards, m["shards"], strict=True)):
-            gone = [k for k in LATER_SHARD_FIELDS
-                    if k in ms and isinstance(ts, dict) and k not in ts]
+            only_ours = [k for k in ms if isinstance(ts, dict) and k not in ts]
+            gone = [k for k in only_ours if k in _later_shard_fields(ms)] if only_ours else []
             missing += [f"fingerprint.datasets[{i}].shards[{j}].{k}" for k in gone]
             shards.append({k: v for k, v in ms.items() if k not in gone} if gone else ms)
         datasets.append({**m, "shards": shards})
     return ({**ours, "datasets": datasets} if missing else ours), missing
 
 
+def _later_shard_fields(shard: dict) -> dict[str, LaterField]:
+    """The later fields of shard identities; a shard that names its format (``"format"``)
+    has that format's module imported first, which declares those its readers write."""
+    name = shard.get("format")
+    if isinstance(name, str):
+        from zephon_core.data.formats import data_format, known_formats
+
+        if name in known_formats():
+            data_format(name)
+    return later_fields(SHARD_IDENTITY)
+
+
 def later_fields_note(missing: list[str]) -> str:
     """The warning for a fingerprint written before `missing` (paths) existed."""
     field = missing[0].rsplit(".", 1)[-1]
     more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return (f"checkpoint was written before fingerprints recorded {field} ({missing[0]}{more}:"
-            f" {LATER_SHARD_FIELDS[field]}); it restores, but this resume cannot check that "
-            "those are unchanged. Checkpoints written from now on record it")
-
-
-def is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    later = later_fields(SHARD_IDENTITY)[field]
+    return (f"checkpoint was written before fingerprints recorded {field} (zephon-vl "
+            f"{later.since}; {missing[0]}{more}: {later.covers}); it restores, but this resume "
+            "cannot check that those are unchanged. Checkpoints written from now on record it")
 
 
 class OpChecks:

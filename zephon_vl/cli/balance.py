@@ -85,7 +85,7 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace, image_every_row: bool | None) -> dict:
     from zephon_core import Execution, SimulatedRanks, load_recipe
-    from zephon_core.extend import Plan
+    from zephon_core.internals import Plan
 
     over: dict[str, Any] = {"num_lanes": args.lanes}
     if image_every_row is not None:

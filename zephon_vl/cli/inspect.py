@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_core import CheckpointError
-from zephon_core.extend import CHECKPOINT_FORMAT as FORMAT
-from zephon_core.extend import combiner_state, parse_state, shard_samples
+from zephon_core.extend import parse_state
+from zephon_core.internals import CHECKPOINT_FORMAT as FORMAT
+from zephon_core.internals import combiner_state, migrate_state, shard_samples
 from zephon_vl.cli.registry import command
 from zephon_vl.titan.state import STATE_FORMAT, STATE_KEY
 
@@ -97,6 +98,7 @@ def read_state(path: str | Path) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{p} is not a zephon state (no \"format\": \"{FORMAT}\"); pass "
                               "what Loader.state_dict() or ZephonDataLoader.state_dict() saved")
+    state = migrate_state(state)  # an older version's layout read as this one's
     for key in ("fingerprint", "step", "lanes"):
         if key not in state:
             raise CheckpointError(f"{p}: the zephon state is truncated: field {key!r} is missing")

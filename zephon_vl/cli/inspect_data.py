@@ -2,7 +2,7 @@
 
 Reads the first ``--samples`` samples of every dataset of the recipe (in the
 order training draws them) through the recipe's own transforms
-(`zephon_core.extend.probe_dataset`) and reports, per dataset: how it is read, how
+(`zephon_core.internals.probe_dataset`) and reports, per dataset: how it is read, how
 many samples are kept and dropped by reason (with a few sample keys and
 details each), tokens and trained tokens per sample, images per sample,
 image sizes after the resize and vision tokens. It warns when a dataset
@@ -51,7 +51,7 @@ class DataReport:
 
 
 def inspect_data(recipe: Any, samples: int) -> list[DataReport]:
-    from zephon_core.extend import probe_dataset
+    from zephon_core.internals import probe_dataset
 
     image = getattr(recipe.collate, "image", None)
     patch = getattr(image, "patch_size", None)

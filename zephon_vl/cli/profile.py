@@ -40,7 +40,7 @@ _WORKER_KINDS = (RunnerKind.THREADS, RunnerKind.PROCESSES)
 def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
     """Workers per worker stage (threads or processes), proportional to its busy seconds:
     the arithmetic of `Execution(workers="auto")` (`zephon_core.engine.autoscale`)."""
-    from zephon_core.extend import split_workers
+    from zephon_core.internals import split_workers
 
     return split_workers({s.name: s.busy_s for s in stages
                           if s.runner in _WORKER_KINDS}, cores)

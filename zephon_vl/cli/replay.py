@@ -42,7 +42,7 @@ def recipe_for(fp: dict, name: str | None):
 @command("replay", "recompute the next N steps of a checkpoint offline and check them", _args)
 def cmd_replay(args: argparse.Namespace) -> int:
     from zephon_core import ElasticRun, Ledger, LedgerError, compare_ledgers, read_ledger
-    from zephon_core.extend import compare_entries
+    from zephon_core.internals import compare_entries
     from zephon_vl.cli.inspect import read_state
     from zephon_vl.cli.progress import Progress
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from zephon_core import Ledger
-from zephon_core.extend import mixture_shares
+from zephon_core.internals import mixture_shares
 from zephon_vl.cli.registry import command
 
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zephon_core import BadSampleError, ConfigError, DatasetSpec
-from zephon_core.extend import ROLES, base_name, known_formats, option_path
+from zephon_core.extend import ROLES, base_name, known_formats, later_shard_field, option_path
 from zephon_vl.formats.inline import decode_inline, inline_item, is_data_url
 from zephon_vl.formats.records import ROW_GROUP_CACHE, RecordEntry, RecordFiles, Where
 from zephon_vl.formats.references import OPTIONS as REFERENCE_OPTIONS
@@ -38,6 +38,11 @@ from zephon_vl.formats.references import MediaPlaces
 
 #: placeholders a text may carry for the next image or video of its record
 PLACEHOLDER = re.compile(r"<image>|<video>")
+#: a record file's shard identity names the media its records name (`media_identity`);
+#: a checkpoint written before 0.4.0 lacks it and still restores, with a warning
+MEDIA = later_shard_field("media", since="0.4.0", covers=(
+    "the media its records name (image_folder, video_folder, names, sizes and mtimes of "
+    "the files)"))
 
 
 def bad(where: Where, detail: str, reason: str = "bad_record") -> BadSampleError:
@@ -92,6 +97,8 @@ class RecordFormat:
     options: tuple[str, ...] = ("image_folder", "video_folder", "row_group_cache",
                                 *REFERENCE_OPTIONS)
     path_options: tuple[str, ...] = ("image_folder", "video_folder", "allow_references")
+    #: a dataset's files are files (the container formats, whose datasets are folders, say True)
+    reads_folders = False
     #: alternatives of fields a record must have (each a tuple: one of them is enough)
     required: tuple[tuple[str, ...], ...] = ()
 
@@ -232,7 +239,7 @@ class FormatReader:
     def shard_identity(self, shard: int) -> dict:
         identity = {**self.records.shard_identity(shard), "format": self.format.name,
                     "fields": dict(sorted(self.fields.items())),
-                    "media": self.media_identity(shard)}
+                    MEDIA: self.media_identity(shard)}
         if self.places.policy:  # only where set: fingerprints without it stay as they were
             identity["media_policy"] = self.places.policy
         return identity

@@ -23,6 +23,7 @@ class WebDatasetFormat:
     fields: Mapping[str, str] = {}
     options: tuple[str, ...] = ()
     path_options: tuple[str, ...] = ()
+    reads_folders = False
 
     def reader(self, spec: DatasetSpec, fields: Mapping[str, str],
                index_cache: str | None) -> Any:

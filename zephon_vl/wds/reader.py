@@ -87,7 +87,7 @@ class _OpenShards:
         """In a forked child: drop the inherited handles without the (maybe held) lock."""
         for stored, _ in self.files.values():
             try:
-                getattr(stored, "forget", stored.close)()
+                stored.forget()
             except OSError:
                 pass
         self.files.clear()
