@@ -2,9 +2,10 @@
 
 Generated at build time, so none of them can fall behind the code it describes:
 
-* ``reference/zephon_core.md``, ``reference/zephon_vl.md``, ``reference/extend.md``: every
-  name of the package's ``__all__``, rendered by mkdocstrings from its docstring. A public
-  name without a docstring (a constant: without a ``#:`` comment above it) fails the build.
+* ``reference/zephon_core.md``, ``reference/zephon_vl.md``, ``reference/extend.md``,
+  ``reference/internals.md``: every name of the package's ``__all__``, rendered by
+  mkdocstrings from its docstring. A public name without a docstring (a constant: without
+  a ``#:`` comment above it) fails the build.
 * ``reference/cli.md``: ``zephon-vl --help`` and every subcommand's help, from the parser.
 * ``reference/execution.md``: every `Execution` setting with unit and default, from the
   declarations (`zephon_core.extend.settings_table`).
@@ -40,6 +41,10 @@ MODULES = [
      "[zephon_core](zephon_core.md), so a VLM user imports from `zephon_vl` alone."),
     ("zephon_core.extend", "reference/extend.md",
      "For authors of formats, operators, model families and trainer adapters "
+     "([what to import](../api.md))."),
+    ("zephon_core.internals", "reference/internals.md",
+     "The engine's inside, for tests, benchmarks and the `zephon-vl` tools: public and "
+     "under the deprecation rule, but not a base to build a format or adapter on "
      "([what to import](../api.md))."),
 ]
 

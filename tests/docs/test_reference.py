@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.docblocks import ROOT, blocks, pages
 
-PUBLIC = ["zephon_core", "zephon_vl", "zephon_core.extend"]
+PUBLIC = ["zephon_core", "zephon_vl", "zephon_core.extend", "zephon_core.internals"]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
 
 
