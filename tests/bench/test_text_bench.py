@@ -61,12 +61,14 @@ def test_the_raw_limit_packs_full_rows(data) -> None:
 
 def test_rates_and_cpu_are_taken_over_the_steady_window() -> None:
     events = [[10.0 + i, 16, 32000] for i in range(11)]  # a batch a second from t=10
-    series = Series(t=[0.0, 100.0], tree_cpu=[0.0, 200.0], tree_pss=[1.0, 2**21])
+    series = Series(t=[0.0, 100.0], tree_cpu=[0.0, 200.0], tree_pss=[1.0, 2**21],
+                    root_cpu=[0.0, 50.0])
     m = text_bench.metrics({"t_start": 8.0, "events": events}, series)
     assert m["rows_per_s"] == pytest.approx(16) and m["tokens_per_s"] == pytest.approx(32000)
     assert m["cores_used"] == pytest.approx(2.0)
     assert m["cpu_s_per_1000_rows"] == pytest.approx(1000 * 2 / 16)
     assert m["cpu_us_per_token"] == pytest.approx(1e6 * 2 / 32000)
+    assert m["main_cpu_s_per_1000_rows"] == pytest.approx(1000 * 0.5 / 16)
     assert m["ttfb_s"] == pytest.approx(2.0) and m["rows"] == 176
 
 

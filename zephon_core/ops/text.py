@@ -174,13 +174,14 @@ class FastTokenizer:
     def _encodings(self, texts: list[str], add_special_tokens: bool) -> list[Any]:
         """One `tokenizers.Encoding` per text, by the cheapest route to the same ids.
 
-        Measured with callgrind on the bundled Qwen vocabulary (docs/performance-tuning.md):
-        the engine's `encode` and `encode_batch` also compute character offsets (18% of the work)
-        that nothing here reads, so each text goes through ``encode_batch_fast`` (byte
-        offsets, same ids); one text a call, so the engine's own workers are the only
-        parallelism (a longer list runs on the library's thread pool, one per process,
-        as many threads as cores); and an ASCII text skips a Unicode normalizer, which
-        leaves ASCII unchanged and costs 15% of the rest (`_without_normalizer`).
+        Measured with callgrind on the bundled Qwen vocabulary (issue 39): the engine's
+        `encode` and `encode_batch` also compute character offsets (18% of the work) that
+        nothing here reads, so each text goes through ``encode_batch_fast`` (byte offsets,
+        same ids); one text a call, so the work stays in the calling thread and the
+        engine's workers are the only parallelism (a longer list runs on the library's
+        thread pool, as many threads as cores in every worker process); and an ASCII text
+        skips a Unicode normalizer, which leaves ASCII unchanged and costs 15% of the rest
+        (`_without_normalizer`). The special-token-safe mode costs nothing measurable.
         """
         plain = self._ascii
         return [(plain if plain is not None and t.isascii() else self._tok)
