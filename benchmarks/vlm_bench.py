@@ -64,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: photos (the demo data, default), fullsize (1-12 "
                         "megapixel photos), video (clips of 10 s to 5 min), each also as "
                         "NAME+busy (a neighbour process keeps one core busy; rates also as "
-                        "a share of the quiet ones); all = the three, then the three +busy. "
+                        "a share of the quiet ones); all = the three, then the three +busy; "
+                        "text, text-mix: the text pipeline, one dataset and a 0.7/0.3 mixture "
+                        "(zephon_bench.text_bench; in a command of their own). "
                         "Data is built once and cached (docs/benchmarks.md, Workloads)")
     p.add_argument("--only", default=None, metavar="FAMILIES",
                    help="comma-separated subset of zephon,grain,torch,spdl,energon,limit")
@@ -100,6 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and chart to --out")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before one run is killed (default 600; quick 150)")
+    from zephon_bench.text_bench import add_text_arguments
+
+    add_text_arguments(p)
 
 
 # --- configurations -----------------------------------------------------------------
@@ -714,9 +719,13 @@ def report_run(progress: Any, key: str, m: dict, disturbed: bool, elapsed_s: flo
 def run(args: argparse.Namespace) -> int:
     """The benchmark; the runs' lines show on a terminal only (`report_run`)."""
     from zephon_bench.report import markdown
+    from zephon_bench.text_bench import run as run_text
+    from zephon_bench.text_bench import text_workloads
 
     from zephon_vl.cli.progress import Progress
 
+    if text_workloads(args.workload):
+        return run_text(args)
     if args.render:
         report = render(args.render, Path(args.out or "bench-out"))
         print(markdown(report))

@@ -1,0 +1,439 @@
+"""The text workload (``zephon-vl bench --workload text``): zephon-vl, its raw limit and the
+original Zephon on text pre-training, tokens/s and rows/s, CPU per row and per token.
+
+The pipeline (issue 39): JSONL documents of real text (:mod:`zephon_bench.text_data`),
+the bundled Qwen tokenizer (EOS appended, text never becomes control tokens),
+2048-token rows packed best fit into 4 open rows, 16 rows a step, 8 lanes,
+shuffle on. Two scenarios: ``text`` (one dataset, prose) and ``text-mix`` (prose
+and code mixed 0.7/0.3). Loaders:
+
+* ``zephon-vl default``: ``for batch in Loader(text_recipe(...))``, `Execution()`;
+* ``raw limit``: the recipe's own `Tokenize`, `MinTokens`, `Pack` and collate on the
+  same documents in a tight loop in one process per core, each on its share, no loader,
+  no transfer (each process packs its own share into its own 4 open rows);
+* ``zephon 0.2.0 ...``: the original Zephon in its own virtual environment
+  (:mod:`zephon_bench.text_peer`), threads or processes, ``--peer`` to leave it out.
+
+Each run is a fresh process watched from outside (`TreeMonitor`); it stops after
+``--rows`` rows. Rates are measured from 20% of the rows to the last; CPU is the
+whole process tree's (every worker's user + system time) over the same window, per
+1,000 rows and per token. Runs of all loaders are interleaved over the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = {"text": {"prose": 1.0}, "text-mix": {"prose": 0.7, "code": 0.3}}
+SEQ_LEN, BATCH_ROWS, LANES, OPEN_ROWS = 2048, 16, 8, 4
+#: documents per `Tokenize.process_many` call in the raw limit
+GROUP = 32
+WARM = 0.2
+now = time.monotonic
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """One scenario's data and settings: what every loader is given."""
+
+    shards: dict[str, list[str]]
+    weights: dict[str, float]
+    tokenizer: str
+    rows: int
+    seed: int = 0
+
+    def recipe(self) -> Any:
+        from zephon_core import text_recipe
+
+        return text_recipe({k: self.shards[k] for k in self.weights}, self.tokenizer,
+                           seq_len=SEQ_LEN, global_batch_size=BATCH_ROWS, num_lanes=LANES,
+                           weights=self.weights, seed=self.seed,
+                           pack={"pack_mode": "best_fit", "max_open_bins": OPEN_ROWS})
+
+
+def text_workloads(text: str) -> list[str]:
+    """The text scenarios `--workload` names, [] when it names none; a mix of text and
+    image workloads is refused (they have different loaders, settings and reports)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    picked = [n for n in names if n in SCENARIOS]
+    if picked and len(picked) != len(names):
+        raise SystemExit("--workload: run the text workloads (text, text-mix) in a command "
+                         "of their own")
+    return picked
+
+
+# --- the loaders, each in the child process of one run --------------------------------
+
+def run_zephon(spec: TextSpec, params: dict) -> dict:
+    """``for batch in Loader(recipe, 0, 1, execution)`` until `spec.rows` rows came."""
+    from zephon_core import Execution, Loader
+
+    t_start = now()
+    loader = Loader(spec.recipe(), 0, 1, Execution.from_flat(dict(params.get("execution", {}))))
+    events, rows = [], 0
+    try:
+        for _ in loader:
+            meta = loader.last_meta
+            tokens = sum(e - s for row in meta.rows for _, s, e in row)
+            rows += len(meta.rows)
+            events.append([now(), len(meta.rows), tokens])
+            if rows >= spec.rows:
+                break
+    finally:
+        loader.close()
+    return {"t_start": t_start, "events": events}
+
+
+def mixed_lines(spec: TextSpec, count: int) -> list[tuple[int, bytes]]:
+    """`count` (dataset, JSONL line) pairs, the datasets in the proportion of the weights."""
+    names = list(spec.weights)
+    lines = {n: [line for p in spec.shards[n] for line in open(p, "rb")] for n in names}
+    total = sum(spec.weights.values())
+    taken = dict.fromkeys(names, 0)
+    out = []
+    for i in range(count):
+        # the dataset furthest behind its share (deterministic, no randomness needed)
+        n = min(names, key=lambda k: (taken[k] - (i + 1) * spec.weights[k] / total, k))
+        out.append((names.index(n), lines[n][taken[n] % len(lines[n])]))
+        taken[n] += 1
+    return out
+
+
+def _limit_worker(spec: TextSpec, share: list[tuple[int, bytes]], quota: int, ready: Any,
+                  start: Any, out: Any) -> None:
+    from zephon_core import Element, MinTokens, Origin, Pack, Tokenize
+
+    recipe = spec.recipe()
+    tokenize = next(op for op in recipe.ops if isinstance(op, Tokenize))
+    min_tokens = next(op for op in recipe.ops if isinstance(op, MinTokens))
+    packer = next(op for op in recipe.ops if isinstance(op, Pack)).make(0, spec.seed)
+    tokenize.setup()  # the tokenizer loads before the clock starts, as in a loader's workers
+    ready.put(os.getpid())
+    start.wait()
+    events, batch, made = [], [], 0
+    for g in range(0, len(share), GROUP):
+        part = share[g:g + GROUP]
+        docs = tokenize.process_many([Element(g + j, json.loads(line))
+                                      for j, (_, line) in enumerate(part)])
+        docs = min_tokens.process_many([Element(g + j, d) for j, d in enumerate(docs)])
+        for j, ((dataset, _), doc) in enumerate(zip(part, docs, strict=True)):
+            if isinstance(doc, dict):
+                packer.push(Origin(g + j, dataset, 0, g + j, 0), doc)
+            while (row := packer.pop_row()) is not None:
+                batch.append(row)
+                if len(batch) == BATCH_ROWS:
+                    recipe.collate(batch)
+                    events.append([now(), len(batch), sum(r.num_tokens for r in batch)])
+                    made += len(batch)
+                    batch = []
+        if made >= quota:
+            break
+    out.put(events)
+
+
+def run_limit(spec: TextSpec, params: dict) -> dict:
+    """The raw limit: the recipe's operators in a tight loop, one process per core."""
+    procs_n = int(params.get("processes") or os.cpu_count() or 1)
+    quota = -(-spec.rows // procs_n)
+    # documents enough for every process's quota, twice over (short ones fill rows slowly)
+    lines = mixed_lines(spec, max(64, spec.rows * SEQ_LEN // 200))
+    ctx = mp.get_context("fork")
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_limit_worker, daemon=True,
+                         args=(spec, lines[i::procs_n], quota, ready, start, out))
+             for i in range(procs_n)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)
+    t_start = now()
+    start.set()
+    events = sorted(e for _ in procs for e in out.get(timeout=1800))
+    for p in procs:
+        p.join(timeout=10)
+    return {"t_start": t_start, "events": events, "processes": procs_n}
+
+
+def run_peer(spec: TextSpec, params: dict) -> dict:
+    """The original Zephon (`text_peer`) in its own interpreter, `params` its settings."""
+    from zephon_bench.text_peer import run_peer as run
+    from zephon_bench.text_peer import split_special_copy
+
+    from zephon_core import load_tokenizer
+
+    work = Path(params["work"])
+    job = {"datasets": {k: str(Path(spec.shards[k][0]).parent) for k in spec.weights},
+           "weights": spec.weights, "rows": spec.rows, "seq_len": SEQ_LEN,
+           "open_rows": OPEN_ROWS, "lanes": LANES, "rows_per_batch": BATCH_ROWS // LANES,
+           "chunk_size": params.get("chunk_size", 64), "runner": params["runner"],
+           "parallelism": params["parallelism"],
+           "tokenizer": str(split_special_copy(Path(spec.tokenizer), work)),
+           "eos": load_tokenizer(spec.tokenizer).eos_token_id}
+    t_start = now()
+    result = run(job, Path(params["python"]), work)
+    return {**result, "t_start": t_start}
+
+
+RUNNERS = {"zephon": run_zephon, "limit": run_limit, "peer": run_peer}
+
+
+# --- one run: a forked child, its process tree watched from outside ---------------------
+
+def child_run(cfg: dict, spec: TextSpec, result_path: Path) -> int:
+    result = RUNNERS[cfg["family"]](spec, cfg["params"])
+    result_path.write_text(json.dumps(result))
+    return 0
+
+
+def run_one(cfg: dict, spec: TextSpec, logdir: Path, tag: str, timeout: float) -> dict:
+    """Run `cfg` in a forked child (its output in ``logdir/tag.log``); its metrics."""
+    import psutil
+    from zephon_bench.measure import TreeMonitor
+
+    result_path, log_path = logdir / f"{tag}.json", logdir / f"{tag}.log"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.setsid()
+            code = child_run(cfg, spec, result_path)
+        except BaseException:  # noqa: BLE001 - the log says what went wrong
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    mon = TreeMonitor(pid)
+    mon.start()
+    deadline, status = now() + timeout, None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = os.waitstatus_to_exitcode(st)
+        elif now() > deadline:
+            status = "timeout"
+        else:
+            time.sleep(0.05)
+    mon.stop()
+    for proc in _session(pid, psutil):
+        proc.kill()
+    if status == "timeout":
+        os.waitpid(pid, 0)
+    if status != 0 or not result_path.is_file():
+        tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+        return {"ok": False, "error": f"exit {status}", "log_tail": tail}
+    return {"ok": True, **metrics(json.loads(result_path.read_text()), mon.series)}
+
+
+def _session(pid: int, psutil: Any) -> list:
+    """The processes left in the run's session (the child called setsid)."""
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and os.getsid(proc.pid) == pid:
+                out.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def metrics(result: dict, series: Any) -> dict:
+    """Steady rates (from `WARM` of the rows to the last batch) and the tree's CPU there."""
+    from zephon_bench.measure import steady_window
+
+    ev = result["events"]
+    a, b = steady_window(ev, WARM, 1.0)
+    ta, tb = ev[a][0], ev[b][0]
+    dt = max(tb - ta, 1e-9)
+    rows = sum(e[1] for e in ev[a + 1:b + 1])
+    tokens = sum(e[2] for e in ev[a + 1:b + 1])
+    cpu = series.at("tree_cpu", tb) - series.at("tree_cpu", ta)
+    # the run's own process: zephon-vl's driver (its workers are children); the peer's is
+    # a waiting parent, so its share is none there
+    main = series.at("root_cpu", tb) - series.at("root_cpu", ta) if series.root_cpu else 0.0
+    return {"rows_per_s": rows / dt, "tokens_per_s": tokens / dt,
+            "cpu_s_per_1000_rows": 1000 * cpu / rows if rows else None,
+            "cpu_us_per_token": 1e6 * cpu / tokens if tokens else None,
+            "main_cpu_s_per_1000_rows": 1000 * main / rows if rows else None,
+            "cores_used": cpu / dt, "ttfb_s": ev[0][0] - result["t_start"],
+            "rows": sum(e[1] for e in ev), "tokens": sum(e[2] for e in ev),
+            "steady_rows": rows, "steady_s": dt,
+            "peak_pss_mb": max(series.tree_pss) / 2**20 if series.tree_pss else None}
+
+
+# --- configurations, repetitions, the report --------------------------------------------
+
+def configurations(quick: bool, ncpu: int, families: set[str], peer: dict | None) -> list[dict]:
+    """zephon-vl's default (and, in a full run, its threads runner), the raw limit, and the
+    peer's threads and processes runners (`peer`: its interpreter and work folder; None
+    leaves it out)."""
+    cfgs = [{"name": "zephon-vl default", "family": "zephon", "params": {}},
+            {"name": "raw limit", "family": "limit", "params": {"processes": ncpu}}]
+    if not quick:  # the tokenizer releases the GIL: threads share one loaded tokenizer
+        cfgs.append({"name": "zephon-vl threads", "family": "zephon",
+                     "params": {"execution": {"runner": "threads"}}})
+    if peer is not None:
+        runs = [("threads", ncpu)] if quick else \
+            [("threads", ncpu), ("threads", 2), ("process", ncpu)]
+        cfgs += [{"name": f"zephon 0.2.0 {r} x{n}", "family": "peer",
+                  "params": {**peer, "runner": r, "parallelism": n}}
+                 for r, n in dict.fromkeys(runs)]
+    return [c for c in cfgs if c["family"] in families]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over a configuration's successful runs."""
+    ok = [r for r in runs if r["ok"]]
+    keys = ("rows_per_s", "tokens_per_s", "cpu_s_per_1000_rows", "cpu_us_per_token",
+            "main_cpu_s_per_1000_rows", "cores_used", "ttfb_s", "peak_pss_mb")
+    return {k: statistics.median(v) if (v := [r[k] for r in ok if r.get(k) is not None])
+            else None for k in keys} | {"runs": len(ok), "failed": len(runs) - len(ok)}
+
+
+def ratios(scenario: dict) -> dict:
+    """zephon-vl default against the raw limit and the peer's best (tokens/s)."""
+    med = scenario["medians"]
+    ours = (med.get("zephon-vl default") or {}).get("tokens_per_s")
+    limit = (med.get("raw limit") or {}).get("tokens_per_s")
+    peers = {k: v["tokens_per_s"] for k, v in med.items()
+             if k.startswith("zephon 0.2.0") and v["tokens_per_s"]}
+    best = max(peers, key=peers.get) if peers else None
+    out = {"peer_best": best}
+    if ours and limit:
+        out["default_to_limit"] = ours / limit
+    if ours and best:
+        out["default_to_peer_best"] = ours / peers[best]
+    for k, v in med.items():
+        if limit and v.get("tokens_per_s") and v["tokens_per_s"] > limit and k != "raw limit":
+            out.setdefault("above_limit", []).append(k)
+    return out
+
+
+def markdown(report: dict) -> str:
+    lines = []
+    for name, sc in report["scenarios"].items():
+        lines += [f"### {name} ({sc['label']}; {report['settings']['rows']} rows a run, "
+                  f"medians of {report['settings']['reps']})", "",
+                  "| loader | tokens/s | rows/s | CPU s / 1,000 rows | CPU us / token | "
+                  "cores | first batch s |", "|---|---|---|---|---|---|---|"]
+        for cfg, m in sc["medians"].items():
+            def f(k: str, fmt: str, m: dict = m) -> str:
+                return format(m[k], fmt) if m.get(k) is not None else "-"
+            lines.append(f"| {cfg} | {f('tokens_per_s', ',.0f')} | {f('rows_per_s', '.1f')} | "
+                         f"{f('cpu_s_per_1000_rows', '.2f')} | {f('cpu_us_per_token', '.2f')} | "
+                         f"{f('cores_used', '.2f')} | {f('ttfb_s', '.2f')} |")
+        r = sc["ratios"]
+        lines += ["", ", ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}"
+                                for k, v in r.items()), ""]
+    return "\n".join(lines)
+
+
+def add_text_arguments(p: argparse.ArgumentParser) -> None:
+    """The options only the text workload reads (`zephon-vl bench --workload text`)."""
+    p.add_argument("--rows", type=int, default=None,
+                   help="text workload: rows each run delivers (default 3000; quick 120)")
+    p.add_argument("--no-peer", action="store_true",
+                   help="text workload: leave out the original Zephon (no virtual environment)")
+    p.add_argument("--peer-python", default=None, metavar="PATH",
+                   help="text workload: the original Zephon's interpreter (default: a virtual "
+                        "environment built once under zephon's cache; needs PyPI then)")
+
+
+def _peer(args: argparse.Namespace, work: Path) -> dict | None:
+    if args.no_peer or (args.only and "peer" not in args.only.split(",")):
+        return None
+    from zephon_bench.text_peer import peer_python
+
+    python = Path(args.peer_python) if args.peer_python else peer_python()
+    return {"python": str(python), "work": str(work)}
+
+
+def run(args: argparse.Namespace) -> int:
+    """The text workload: every configuration of every scenario, `reps` times, interleaved."""
+    from zephon_bench.text_data import build_text_data
+
+    from zephon_core import qwen_tokenizer_dir
+
+    quick = args.quick
+    reps = args.reps or (1 if quick else 3)
+    data = build_text_data(args.samples or (1500 if quick else 30_000))
+    rows = args.rows or (120 if quick else 3000)
+    out = Path(args.out or "bench-out")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="text-", dir=out))
+    families = set(args.only.split(",")) if args.only else {"zephon", "limit", "peer"}
+    ncpu = os.cpu_count() or 1
+    cfgs = configurations(quick, ncpu, families, _peer(args, work))
+    specs = {name: TextSpec({k: [str(p) for p in v] for k, v in data.shards.items()},
+                            SCENARIOS[name], str(qwen_tokenizer_dir()), rows)
+             for name in text_workloads(args.workload)}
+    runs: dict[tuple[str, str], list[dict]] = {(s, c["name"]): [] for s in specs for c in cfgs}
+    for rep in range(reps):
+        for s, spec in specs.items():
+            for cfg in cfgs[rep % len(cfgs):] + cfgs[:rep % len(cfgs)]:
+                tag = f"r{rep}-{s}-" + "".join(ch if ch.isalnum() else "_" for ch in cfg["name"])
+                r = run_one(cfg, spec, work, tag, args.timeout or (300 if quick else 1800))
+                runs[(s, cfg["name"])].append(r)
+                _say(f"  rep {rep} {s:8s} {cfg['name']:28s} " + (
+                    f"{r['tokens_per_s']:10,.0f} tokens/s {r['rows_per_s']:7.1f} rows/s "
+                    f"cpu {r['cpu_us_per_token']:.2f} us/token" if r["ok"]
+                    else f"FAILED {r['error']}\n{r['log_tail']}"))
+    report = {"format": "zephon-vl-bench-text", "version": 1,
+              "settings": {"rows": rows, "reps": reps, "seq_len": SEQ_LEN,
+                           "batch_rows": BATCH_ROWS, "lanes": LANES, "open_rows": OPEN_ROWS,
+                           "documents": data.documents, "data": str(data.root), "cores": ncpu},
+              "scenarios": {}}
+    for s in specs:
+        sc = {"label": " + ".join(f"{k} {w}" for k, w in SCENARIOS[s].items()),
+              "medians": {c["name"]: summarize(runs[(s, c["name"])]) for c in cfgs},
+              "runs": {c["name"]: runs[(s, c["name"])] for c in cfgs}}
+        sc["ratios"] = ratios(sc)
+        report["scenarios"][s] = sc
+    text = json.dumps(report, indent=1, default=str)
+    (out / "text-bench.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(markdown(report))
+    failed = any(not r["ok"] for rs in runs.values() for r in rs)
+    return 3 if failed else 0
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zephon_bench.text_bench",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="text,text-mix")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--samples", type=int, default=None,
+                   help="documents in each dataset (default 30000; quick 1500)")
+    p.add_argument("--only", default=None, help="comma-separated subset of zephon,limit,peer")
+    p.add_argument("--out", default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--timeout", type=float, default=None)
+    add_text_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
