@@ -140,4 +140,6 @@ def test_tokenize_works_in_the_calling_thread() -> None:
                           str(qwen_tokenizer_dir())], capture_output=True, text=True,
                          check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "true"})
     caller, others = (int(x) for x in out.stdout.split()[-2:])
-    assert caller >= 20 and others <= 1, (caller, others, out.stderr)
+    # other threads may take a few ticks while the process loads (a busy machine shows
+    # 5 against 178); a pool doing the work takes most of them (73 on the old code)
+    assert caller >= 20 and others * 10 <= caller, (caller, others, out.stderr)
