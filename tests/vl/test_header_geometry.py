@@ -213,3 +213,21 @@ def test_the_guard_sees_a_decode():
     nothing about it)."""
     with no_decode(), pytest.raises(BadSampleError, match="PNG image was decoded"):
         process_image(KINDS["png rgb"], SMALL, "png")
+
+
+def test_a_decode_unlike_its_plan_is_refused_with_a_reason():
+    """`PlannedItem.decode` never hands on pixels of another grid than the tokens were
+    counted for: a header that lied is a drop naming both grids."""
+    from dataclasses import replace
+
+    from zephon_vl.media.planned import PlannedItem, plan_image
+
+    planned = plan_image(KINDS["jpeg"], SMALL, "jpeg")
+    assert isinstance(planned, PlannedItem)
+    assert np.array_equal(planned.decode().pixel_values,
+                          process_image(KINDS["jpeg"], SMALL, "jpeg", one_frame=True).pixel_values)
+    wrong = replace(planned, geometry=replace(planned.geometry, grid_thw=(1, 2, 2)))
+    with pytest.raises(BadSampleError) as info:
+        wrong.decode()
+    assert info.value.reason == "planned_size_mismatch"
+    assert "(1, 2, 2)" in str(info.value) and "bytes" in repr(planned)
