@@ -108,7 +108,12 @@ def document_text(parts: list[str | None]) -> list[str | None]:
 
 
 class DecodeVision(Transform):
-    """WebDataset sample -> document dict with decoded vision inputs (heavy: processes)."""
+    """WebDataset sample -> document dict with decoded vision inputs (heavy: processes).
+
+    With `plan` (the built-in VLM recipes), an image or clip whose header can be
+    trusted is a `PlannedItem` (its grid, its bytes) instead, decoded by
+    `TokenizeMultimodal` only for a sample that fits a row (docs/design.md).
+    """
 
     default_runner = "processes"
 
