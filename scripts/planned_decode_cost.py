@@ -3,14 +3,20 @@
 The demo data (real photos and clips) with `--long` of its samples given a caption
 too long for any row: the packer drops those. Planned (the built-in recipe), they are
 never decoded; decoded first (``DecodeVision.plan = False``, the order before), every
-one is. One epoch on one rank with the inline runner, so every operator runs in this
-process and `time.process_time` counts all of its CPU (the machine may be shared:
-CPU time, not wall time). Run: ``python scripts/planned_decode_cost.py``
+one is. One epoch on one rank. With the inline runner (default) every operator runs in
+this process and `time.process_time` counts all of its CPU; with ``--runner processes``
+each run is a child process of its own whose CPU, its pool's workers and its start-up
+included, `resource.getrusage(RUSAGE_CHILDREN)` counts. CPU time, not wall time: the
+machine may be shared. Run: ``python scripts/planned_decode_cost.py [--runner processes]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,15 +48,15 @@ def long_share_shards(out: Path, samples: int, long: float) -> list[str]:
     return [str(p) for p in write_shards(rows, out / "long", samples_per_shard=50)]
 
 
-def run(shards: list[str], plan: bool) -> dict[str, float]:
-    """One epoch; CPU seconds, delivered samples and drops."""
+def run(shards: list[str], plan: bool, runner: str = "inline") -> dict[str, float]:
+    """One epoch; CPU seconds (this process's), delivered samples and drops."""
     image = get_family("qwen3_5").image_settings(max_pixels=1024 * 1024)
     recipe = vlm_recipe(shards, None, seq_len=2048, global_batch_size=4, num_lanes=4,
                         epochs=1, image=image, shuffle_buffer=16)
     next(o for o in recipe.ops if o.name == "decode").plan = plan
     delivered = drops = 0
     start = time.process_time()
-    with Loader(recipe, 0, 1, Execution(runner="inline")) as loader:
+    with Loader(recipe, 0, 1, Execution(runner=runner)) as loader:
         while (rows := loader.next_rows()) is not None:
             delivered += sum(len(r.segments) for r in rows)
             drops += len(loader.last_meta.drops)
@@ -59,15 +65,33 @@ def run(shards: list[str], plan: bool) -> dict[str, float]:
             "cpu_ms_per_sample": 1000 * cpu / max(1, delivered)}
 
 
+def in_child(shards: list[str], plan: bool) -> dict[str, float]:
+    """`run` with process workers in a child process; its CPU and its workers'."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([shards, plan])],
+                         check=True, capture_output=True, text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = json.loads(out.strip().splitlines()[-1])
+    r["cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    r["cpu_ms_per_sample"] = 1000 * r["cpu_s"] / max(1, r["delivered"])
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--long", type=float, default=0.3, help="share of too-long samples")
+    ap.add_argument("--runner", choices=("inline", "processes"), default="inline")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        shards, plan = json.loads(args.child)
+        print(json.dumps(run(shards, plan, "processes")))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         shards = long_share_shards(Path(tmp), args.samples, args.long)
         for plan in (False, True, False, True):
-            r = run(shards, plan)
+            r = run(shards, plan) if args.runner == "inline" else in_child(shards, plan)
             print(f"{'planned' if plan else 'decoded first':>13}: {r['cpu_s']:.2f} s CPU, "
                   f"{r['delivered']} delivered, {r['drops']} dropped, "
                   f"{r['cpu_ms_per_sample']:.1f} ms CPU per delivered sample")

@@ -81,3 +81,8 @@ def test_rows_hold_no_planned_item(shards):
     items = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
     assert items and all(isinstance(p, np.ndarray) for p in items)
     assert not any(isinstance(p, PlannedItem) for p in items)
+
+
+def test_planning_leaves_the_fingerprint_as_it_was(shards):
+    """Checkpoints written before planning restore: `plan` is no setting (same pixels)."""
+    assert _recipe(shards).fingerprint() == _recipe(shards, plan=False).fingerprint()
