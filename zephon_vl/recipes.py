@@ -217,10 +217,16 @@ def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings 
             family: VisionFamily, framing: ChatFraming, user: list[UserOp]) -> list[Any]:
     """The per-sample operators between the shuffle and the packer: read through each
     dataset's format, decode the vision inputs (with the user's ``pixels`` operators),
-    tokenize with vision tokens; the user's other operators where they say."""
+    tokenize with vision tokens; the user's other operators where they say.
+
+    Without user operators after the read, images and clips are planned from their
+    headers and decoded by the tokenizer only for a sample that fits a row
+    (`zephon_vl.media.planned`); an operator after ``decode`` or ``tokenize`` sees
+    pixels, so with one every sample is decoded first, as before."""
     ops = [
         Read([d.reader for d in datasets], on_error=on_error),
-        DecodeVision(image, video, on_error=on_error, pixel_ops=_pixel_ops(user)),
+        DecodeVision(image, video, on_error=on_error, pixel_ops=_pixel_ops(user),
+                     plan=all(u.after == "read" for u in user)),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
                            on_error=on_error, family=family, chat=framing),
     ]

@@ -67,6 +67,7 @@ __all__ = [
     "ImageSettings",
     "VisionPatches",
     "decode_rgb",
+    "exif_orientation",
     "normalization_table",
     "normalize_patches",
     "open_image",
@@ -147,14 +148,19 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 #: EXIF orientations that swap width and height (transpose, 90 and 270 degree turns)
-_SWAPS_SIDES = (5, 6, 7, 8)
+SWAPS_SIDES = (5, 6, 7, 8)
 
 
-def _orientation(img: Image.Image, settings: ImageSettings) -> int:
+def exif_orientation(img: Image.Image, settings: ImageSettings, header_only: bool = False) -> int:
+    """The EXIF orientation (1..8) the decode applies: 1 without `exif_transpose`, or for
+    a missing or damaged tag. Pillow reads a PNG's chunks after its pixels (where EXIF
+    may be) only by decoding it; `header_only` reads what the header has, never decoding
+    (`header_geometry` uses it where no such chunk exists)."""
     if not settings.exif_transpose:
         return 1
     try:
-        value = img.getexif().get(0x0112, 1)
+        exif = Image.Image.getexif(img) if header_only else img.getexif()
+        value = exif.get(0x0112, 1)
     except Exception:  # noqa: BLE001 - a damaged EXIF block is no orientation
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
@@ -242,9 +248,9 @@ def process_image(data: bytes, settings: ImageSettings, where: str = "?",
     """
     warn_if_not_simd()
     img = open_image(data, settings, where)
-    orientation = _orientation(img, settings)
+    orientation = exif_orientation(img, settings)
     w, h = img.size
-    if orientation in _SWAPS_SIDES:
+    if orientation in SWAPS_SIDES:
         w, h = h, w
     th, tw = target_size(h, w, settings, where)
     arr = resize_rgb(decode_rgb(img, th, tw, settings, where), th, tw, settings)
@@ -260,8 +266,8 @@ def decode_rgb(img: Image.Image, th: int, tw: int, settings: ImageSettings,
     orientation (`settings.exif_transpose`), so (th, tw) is the upright size.
     A decode failure raises BadSampleError.
     """
-    orientation = _orientation(img, settings)
-    sw, sh = (th, tw) if orientation in _SWAPS_SIDES else (tw, th)
+    orientation = exif_orientation(img, settings)
+    sw, sh = (th, tw) if orientation in SWAPS_SIDES else (tw, th)
     w, h = img.size
     try:
         if settings.draft and img.format in ("JPEG", "MPO") and 2 * sw <= w and 2 * sh <= h:

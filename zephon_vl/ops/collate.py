@@ -30,6 +30,7 @@ from zephon_vl.media.image import (
     normalization_table,
     patch_rows,
 )
+from zephon_vl.media.planned import decoded_rows
 from zephon_vl.ops.host_buffers import HostBuffers
 
 _TORCH_DTYPES = {np.uint8: torch.uint8, np.float32: torch.float32}
@@ -106,7 +107,9 @@ class VLCollate:
         self.check_placeholders(rows)
         arrays = [text_row_arrays(r, self.seq_len, self.special.pad) for r in rows]
         out = {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
-        pixels = [p for r in rows for s in r.segments for p in s.payload["pixel_values"]]
+        # an item still planned (a combiner that took what the tokenizer judged too long)
+        pixels = decoded_rows([p for r in rows for s in r.segments
+                              for p in s.payload["pixel_values"]])
         grids = [g for r in rows for s in r.segments for g in s.payload["grid_thw"]]
         thw = np.stack(grids).astype(np.int64) if grids else np.zeros((0, 3), dtype=np.int64)
         if self.image.normalize == "device":

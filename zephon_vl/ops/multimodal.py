@@ -46,6 +46,7 @@ from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.formats.obelics import obelics_parts
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
+from zephon_vl.media.planned import PlannedItem, item_pixels, plan_image, plan_video
 from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
 from zephon_vl.ops.pixels import PixelEdit, decode_with_pixels, edited_image
 
@@ -107,7 +108,12 @@ def document_text(parts: list[str | None]) -> list[str | None]:
 
 
 class DecodeVision(Transform):
-    """WebDataset sample -> document dict with decoded vision inputs (heavy: processes)."""
+    """WebDataset sample -> document dict with decoded vision inputs (heavy: processes).
+
+    With `plan` (the built-in VLM recipes), an image or clip whose header can be
+    trusted is a `PlannedItem` (its grid, its bytes) instead, decoded by
+    `TokenizeMultimodal` only for a sample that fits a row (docs/design.md).
+    """
 
     default_runner = "processes"
 
@@ -116,13 +122,18 @@ class DecodeVision(Transform):
 
     def __init__(self, image: ImageSettings | None = None, video: VideoSettings | None = None,
                  name: str = "decode", on_error: str = "drop",
-                 pixel_ops: Sequence[UserTransform] = ()) -> None:
+                 pixel_ops: Sequence[UserTransform] = (), plan: bool = False) -> None:
         self.image = image or ImageSettings()
         self.video = video or VideoSettings()
         self.name = name
         self.on_error = check_on_error(on_error)
         #: the user's operators on each still image's decoded pixels (docs/operators.md)
         self.pixel_ops = list(pixel_ops)
+        #: plan images and clips from their headers (`zephon_vl.media.planned`): the
+        #: document holds `PlannedItem`s, decoded by `TokenizeMultimodal` only for a
+        #: sample that fits. Never with ``pixels`` operators (they may change the size).
+        #: Not a setting: the pixels are the same either way.
+        self.plan = plan and not self.pixel_ops
 
     def settings(self) -> dict:
         from zephon_vl.media.image import pillow_backend
@@ -136,11 +147,21 @@ class DecodeVision(Transform):
             return [decode_with_pixels(self, e) for e in elements]
         return [self.decode(e.payload) for e in elements]
 
-    def _still(self, data: bytes, where: str) -> VisionPatches:
-        """One still image's patch rows, through this element's ``pixels`` operators."""
-        if self.edit is None:
-            return process_image(data, self.image, where, one_frame=True)
-        return edited_image(data, self.image, where, self.edit)
+    def _still(self, data: bytes, where: str) -> VisionPatches | PlannedItem:
+        """One still image's patch rows, through this element's ``pixels`` operators;
+        planned instead where `plan` is on and its header can be trusted."""
+        if self.edit is not None:
+            return edited_image(data, self.image, where, self.edit)
+        if self.plan:
+            return plan_image(data, self.image, where)
+        return process_image(data, self.image, where, one_frame=True)
+
+    def _clip(self, data: Any, where: str) -> VisionPatches | PlannedItem:
+        """One clip's patch rows; planned instead where `plan` is on, the clip is bytes
+        and its container index can be trusted."""
+        if self.plan and isinstance(data, bytes):
+            return plan_video(data, self.image, self.video, where)
+        return process_video(data, self.image, self.video, where)
 
     def decode(self, sample: dict) -> dict:
         if "__format__" in sample:
@@ -157,7 +178,7 @@ class DecodeVision(Transform):
             caption = _text_member(sample, "txt")
             if not caption:
                 raise BadSampleError("missing_caption", where, "video without txt")
-            vid = process_video(sample["mp4"], self.image, self.video, f"{where}.mp4")
+            vid = self._clip(sample["mp4"], f"{where}.mp4")
             return {**base, "kind": "caption", "text": caption, "vision": [vid],
                     "video": [True]}
         if isinstance(meta, dict) and "video" in meta:  # a video by reference (video_folder)
@@ -207,7 +228,7 @@ class DecodeVision(Transform):
         vision = []
         for j, m in enumerate(sample["media"]):
             name = f"{where}.{m.get('name', j)}"
-            vision.append(process_video(m["data"], self.image, self.video, name) if m["video"]
+            vision.append(self._clip(m["data"], name) if m["video"]
                           else self._still(m["data"], name))
         doc = {"key": sample["__key__"], "shard": sample["__shard__"], "kind": sample["kind"],
                "vision": vision, "video": [bool(m["video"]) for m in sample["media"]]}
@@ -326,7 +347,7 @@ class TokenizeMultimodal(TokenizerTransform):
 
     def tokenize(self, doc: dict) -> dict:
         ids = self._ids
-        vision: list[VisionPatches] = doc["vision"]
+        vision: list[VisionPatches | PlannedItem] = doc["vision"]
         tokens: list[np.ndarray] = []
         targets: list[np.ndarray] = []
         used: list[int] = []
@@ -354,6 +375,8 @@ class TokenizeMultimodal(TokenizerTransform):
             "tokens": np.concatenate(tokens).astype(np.int32),
             "targets": np.concatenate(targets),
             "costs": {"vision_tokens": vision_tokens, "images": len(kept)},
-            "pixel_values": [v.pixel_values for v in kept],
+            # a sample the packer refuses for its length is never decoded
+            "pixel_values": item_pixels(kept, decode=not (self.overlong == "drop"
+                                                          and total > self.max_tokens)),
             "grid_thw": [v.grid_thw for v in kept],
         }

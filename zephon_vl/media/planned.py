@@ -1,0 +1,107 @@
+"""Vision items planned from their headers: the grid now, the pixels later.
+
+`plan_image` and `plan_video` give a `PlannedItem` (the encoded bytes, where they
+came from, the settings and the grid `header_geometry` read) where the header can
+be trusted, and the decoded `VisionPatches` as before where it cannot. A planned
+item answers what the tokenizer and the packer ask of an item (`grid_thw`,
+`num_tokens`) without pixels; `PlannedItem.decode` makes the same `VisionPatches`
+the early decode would have made, bit for bit (the same function on the same
+bytes), and refuses a decode whose grid is not the planned one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon_core import BadSampleError
+from zephon_vl.media.geometry import VisionPatches
+from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_geometry
+from zephon_vl.media.image import ImageSettings, process_image
+from zephon_vl.media.video import VideoSettings, process_video
+
+__all__ = ["PlannedItem", "decoded_rows", "item_pixels", "plan_image", "plan_video"]
+
+
+@dataclass(frozen=True, repr=False)
+class PlannedItem:
+    """One image or clip whose patch grid is known and whose pixels are not decoded yet."""
+
+    #: the encoded bytes as a uint8 array: a process pool moves arrays through shared
+    #: memory, while bytes would be pickled through the worker's pipe (and a large
+    #: task and a large answer on one pipe can wait on each other)
+    data: np.ndarray
+    geometry: ItemGeometry
+    where: str
+    image: ImageSettings
+    #: the clip's frame sampling; None for a still image
+    video: VideoSettings | None = None
+
+    @property
+    def grid_thw(self) -> np.ndarray:
+        return self.geometry.grid_array()
+
+    def num_tokens(self, merge_size: int) -> int:
+        """LLM placeholder tokens, as `VisionPatches.num_tokens`."""
+        t, h, w = self.geometry.grid_thw
+        return t * h * w // (merge_size * merge_size)
+
+    def __repr__(self) -> str:  # a sample digest of an undecoded item: no bytes in it
+        kind = "clip" if self.video is not None else "image"
+        return f"PlannedItem({kind} {self.where}, {self.data.nbytes} bytes, {self.geometry})"
+
+    def decode(self) -> VisionPatches:
+        """The patch rows the early decode makes of these bytes. A decode failure raises its
+        BadSampleError as before; a grid unlike the planned one raises
+        ``planned_size_mismatch`` (the header told another size than the pixels)."""
+        data = self.data.tobytes()
+        if self.video is None:
+            patches = process_image(data, self.image, self.where, one_frame=True)
+        else:
+            patches = process_video(data, self.image, self.video, self.where)
+        got = tuple(int(x) for x in patches.grid_thw)
+        if got != self.geometry.grid_thw:
+            raise BadSampleError("planned_size_mismatch", self.where,
+                                 f"the header gave a patch grid {self.geometry.grid_thw}, the "
+                                 f"decoded pixels {got}")
+        return patches
+
+
+def _array(data: bytes) -> np.ndarray:
+    """The bytes as a uint8 array of their own (the sample's buffer is not kept alive)."""
+    return np.frombuffer(data, dtype=np.uint8).copy()
+
+
+def plan_image(data: bytes, image: ImageSettings, where: str) -> PlannedItem | VisionPatches:
+    """A still image planned from its header, or decoded now where the header cannot be
+    trusted (`header_geometry`). Header faults raise as the decode would."""
+    geometry = image_geometry(data, image, where)
+    if geometry is None:
+        return process_image(data, image, where, one_frame=True)
+    return PlannedItem(_array(data), geometry, where, image)
+
+
+def plan_video(data: bytes, image: ImageSettings, video: VideoSettings,
+               where: str) -> PlannedItem | VisionPatches:
+    """A clip planned from its container index, or decoded now where that cannot be
+    trusted (`header_geometry`)."""
+    geometry = video_geometry(data, image, video, where)
+    if geometry is None:
+        return process_video(data, image, video, where)
+    return PlannedItem(_array(data), geometry, where, image, video)
+
+
+def item_pixels(items: list[PlannedItem | VisionPatches], decode: bool = True) -> list[Any]:
+    """Each item's patch rows (`VisionPatches.pixel_values`), decoding the planned ones;
+    with `decode` False a planned item stays as it is (a sample the packer will refuse
+    for its length is never decoded)."""
+    return [(v.decode().pixel_values if decode else v) if isinstance(v, PlannedItem)
+            else v.pixel_values for v in items]
+
+
+def decoded_rows(rows: list[np.ndarray | PlannedItem]) -> list[np.ndarray]:
+    """A payload's ``pixel_values`` with any item still planned decoded (the collate's
+    fallback for a combiner that took a sample the tokenizer judged too long)."""
+    return [v.decode().pixel_values if isinstance(v, PlannedItem) else v for v in rows]
