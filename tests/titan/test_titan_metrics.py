@@ -44,7 +44,7 @@ def loader_counts() -> tuple[int, Counter]:
     return samples, drops
 
 
-@pytest.mark.slow
+@pytest.mark.heavy(reason="about 30 s on 2 quiet cores: TorchTitan's Trainer with TensorBoard")
 def test_trainer_tensorboard_has_the_loaders_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

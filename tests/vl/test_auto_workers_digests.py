@@ -29,7 +29,10 @@ def run(name: str, dp: int, ex: Execution) -> tuple[list[str], list[list]]:
             ld.close()
 
 
-@pytest.mark.parametrize("name", ["vlm-demo", "text-demo"])
+@pytest.mark.parametrize("name", [
+    pytest.param("vlm-demo", marks=pytest.mark.heavy(
+        reason="about 50 s on 2 quiet cores; text-demo covers the same decision path")),
+    "text-demo"])
 def test_auto_workers_give_the_batches_of_fixed_workers(name, monkeypatch):
     monkeypatch.setattr(autoscale, "AUTO_WINDOW_S", 0.0)  # a window per step: decide at once
     monkeypatch.setattr(autoscale, "AUTO_MIN_GROUPS", 1)

@@ -49,6 +49,8 @@ def _digests(capsys, *args: str) -> list[tuple[str, str]]:
                                                   [:-1])]
 
 
+@pytest.mark.heavy(reason="about 30 s on 2 quiet cores: 12 steps at D = 1, 2, 4 and a resume; "
+                   "tests/core phase tests check the gate itself")
 def test_two_phases_same_digests_at_every_D_and_across_a_resume(recipe: Path, tmp_path: Path,
                                                                  capsys) -> None:
     steps = 12
