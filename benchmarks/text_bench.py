@@ -375,7 +375,8 @@ def run(args: argparse.Namespace) -> int:
     reps = args.reps or (1 if quick else 3)
     data = build_text_data(args.samples or (1500 if quick else 30_000))
     rows = args.rows or (120 if quick else 3000)
-    out = Path(args.out or "bench-out")
+    # absolute: the peer's driver runs in another folder and reads the paths it is given
+    out = Path(args.out or "bench-out").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="text-", dir=out))
     families = set(args.only.split(",")) if args.only else {"zephon", "limit", "peer"}

@@ -26,6 +26,7 @@ from typing import Any
 
 from zephon_core.engine import shm
 from zephon_core.engine.kinds import RunnerKind
+from zephon_core.engine.pipe_sender import PipeSender
 from zephon_core.engine.process_failures import WorkerFailures
 from zephon_core.engine.runner_base import CpuMeter, Runner
 from zephon_core.engine.workers import (
@@ -98,6 +99,8 @@ class ProcessRunner(Runner, WorkerFailures):
         self._next_id = 0
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        #: writes the groups to the workers, so the dispatcher never waits on a full pipe
+        self._sender = PipeSender(name)
         #: a wake-up byte is on its way to the dispatcher (guarded by `_lock`)
         self._woken = False
         self._procs: list[Any] = [None] * workers
@@ -228,10 +231,7 @@ class ProcessRunner(Runner, WorkerFailures):
                 return
             if i not in self._stopping:
                 self._stopping[i] = time.monotonic()
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
+                self._sender.send(conn, None)
             if p.is_alive() and time.monotonic() - self._stopping[i] < RETIRE_PATIENCE_S:
                 return
             self._end_process(i)
@@ -250,7 +250,7 @@ class ProcessRunner(Runner, WorkerFailures):
         if p.is_alive():
             p.kill()
             p.join(timeout=2)
-        conn.close()
+        self._sender.close_after(conn)
         shm.remove_leftovers(f"{self.prefix}{p.pid}-")
         self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
         self._free_by_pid.pop(p.pid, None)
@@ -306,10 +306,7 @@ class ProcessRunner(Runner, WorkerFailures):
                         self._busy_since[i] = time.monotonic()
                     self._assigned[i].append(task)
                     released = self._released_for(self._procs[i].pid)
-                    try:
-                        self._conns[i].send((task.id, task.packed, released))
-                    except (BrokenPipeError, OSError):
-                        break
+                    self._sender.send(self._conns[i], (task.id, task.packed, released))
 
     def _wait_s(self) -> float:
         """How long the dispatcher may sleep: 1 s, or until the next group deadline."""
@@ -431,7 +428,7 @@ class ProcessRunner(Runner, WorkerFailures):
                     shm.discard(task.packed)
                 else:
                     self._pending.appendleft(task)
-        conn.close()
+        self._sender.close_after(conn)
         shm.remove_leftovers(f"{self.prefix}{p.pid}-")
         self._mappings.forget_prefix(f"{self.prefix}{p.pid}-")
         self._free_by_pid.pop(p.pid, None)
@@ -458,17 +455,16 @@ class ProcessRunner(Runner, WorkerFailures):
         self._wake_w.send_bytes(b"x")
         self._thread.join(timeout=5)
         for c in self._conns:
-            try:
-                c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
+            self._sender.send(c, None)
+        stopped = self._sender.stop(timeout=2)
         for p in self._procs:
             p.join(timeout=2)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2)
-        for c in self._conns:
-            c.close()
+        if stopped or self._sender.stop(timeout=5):  # a killed worker's pipe fails at once
+            for c in self._conns:
+                c.close()
         for t in tasks:
             shm.discard(t.packed)
             t.future.cancel()
