@@ -46,7 +46,7 @@ def _stdlib_files() -> list[Path]:
 
 
 def _prose_pool() -> list[str]:
-    from zephon_core.recipes.assets import text_corpus
+    from zephon_core import text_corpus
 
     return [json.loads(line)["text"] for p in text_corpus() for line in open(p)]
 

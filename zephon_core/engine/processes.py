@@ -108,21 +108,10 @@ class ProcessRunner(Runner, WorkerFailures):
         self._assigned: list[deque[_Task]] = [deque() for _ in range(workers)]
         # when each worker began its current group (None: idle or still starting)
         self._busy_since: list[float | None] = [None] * workers
-        self.restarts = 0
         self.cpu = CpuMeter()
         #: messages sent pickled through the pipe because /dev/shm had no room
         self.pickled = 0
-        self._early_deaths = 0
-        #: how the workers that died while starting ended, since the pool last made progress
-        self._early_causes: dict[str, int] = {}
-        #: when the pool last made progress (a worker ready, a group answered)
-        self._progress_at = time.monotonic()
-        #: seconds each worker took from spawn to ready (the last 64)
-        self.start_times: deque[float] = deque(maxlen=64)
-        self._started = 0
-        self._spawned_at = [0.0] * workers
-        self._broken = ""
-        self._answered = [False] * workers
+        self._init_health(workers)
         # names of pooled answer files the driver no longer reads (appended by finalizers)
         self._released: deque[str] = deque()
         self._free_by_pid: dict[int, list[str]] = {}
@@ -154,6 +143,22 @@ class ProcessRunner(Runner, WorkerFailures):
                         "(docker run --shm-size=8g) or use fewer workers",
                         self.name, space, self.workers, need / (1 << 20))
         return size
+
+    def _init_health(self, workers: int) -> None:
+        """What the pool knows of its workers' starts and deaths: it decides when a
+        replacement is worth starting and when the stage is broken (`process_failures`)."""
+        self.restarts = 0
+        self._early_deaths = 0
+        #: how the workers that died while starting ended, since the pool last made progress
+        self._early_causes: dict[str, int] = {}
+        #: when the pool last made progress (a worker ready, a group answered)
+        self._progress_at = time.monotonic()
+        #: seconds each worker took from spawn to ready (the last 64)
+        self.start_times: deque[float] = deque(maxlen=64)
+        self._started = 0
+        self._spawned_at = [0.0] * workers
+        self._broken = ""
+        self._answered = [False] * workers
 
     def _start_worker(self, i: int) -> str:
         """Start slot `i`'s process; returns how it was started (fork or spawn...)."""
