@@ -12,8 +12,10 @@ processes (other jobs, steal time), which flags a disturbed run.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +42,34 @@ def shmem_bytes() -> int:
             if line.startswith("Shmem:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def fork_logged(log_path: os.PathLike | str, run: Callable[[], int]) -> int:
+    """Fork a child that runs `run` in a session of its own with its output in `log_path`,
+    and leaves with `run`'s exit code without the parent's atexit handlers; its pid.
+
+    One measured configuration a child, so no run inherits another's warm caches, pools
+    or threads, and the monitor sees exactly that run's process tree."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.setsid()
+        code = run()
+    except BaseException:  # noqa: BLE001 - the log says what went wrong
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 @dataclass

@@ -198,28 +198,10 @@ def child_run(cfg: dict, spec: TextSpec, result_path: Path) -> int:
 def run_one(cfg: dict, spec: TextSpec, logdir: Path, tag: str, timeout: float) -> dict:
     """Run `cfg` in a forked child (its output in ``logdir/tag.log``); its metrics."""
     import psutil
-    from zephon_bench.measure import TreeMonitor
+    from zephon_bench.measure import TreeMonitor, fork_logged
 
     result_path, log_path = logdir / f"{tag}.json", logdir / f"{tag}.log"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.setsid()
-            code = child_run(cfg, spec, result_path)
-        except BaseException:  # noqa: BLE001 - the log says what went wrong
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    pid = fork_logged(log_path, lambda: child_run(cfg, spec, result_path))
     mon = TreeMonitor(pid)
     mon.start()
     deadline, status = now() + timeout, None

@@ -292,32 +292,13 @@ def run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
 
 def _run_one(cfg: dict, spec_json: dict, logdir: Path, timeout: float, tag: str,
              warm_frac: float, end_frac: float, neighbour: Any) -> dict:
-    from zephon_bench.measure import TreeMonitor, metrics
-
+    from zephon_bench.measure import TreeMonitor, fork_logged, metrics
 
     result_path = logdir / f"{tag}.result.json"
     log_path = logdir / f"{tag}.log"
     job = {"family": cfg["family"], "params": cfg["params"], "spec": spec_json,
            "mode": cfg.get("mode", "worker")}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: run, write the result, leave without the parent's atexit
-        code = 1
-        try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.setsid()
-            code = child_main(json.dumps(job), str(result_path))
-        except BaseException:  # noqa: BLE001
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    pid = fork_logged(log_path, lambda: child_main(json.dumps(job), str(result_path)))
     mon = TreeMonitor(pid, neighbours=(neighbour.pid,) if neighbour is not None else ())
     mon.start()
     deadline = time.monotonic() + timeout
