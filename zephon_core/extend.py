@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "Row": "zephon_core.ops.contract",
     "Segment": "zephon_core.ops.contract",
     "StageFn": "zephon_core.ops.contract",
+    "RowTransform": "zephon_core.ops.row_transform",
     "RowFiller": "zephon_core.ops.pack",
     # readers and formats
     "ShardReader": "zephon_core.data.readers",

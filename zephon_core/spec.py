@@ -13,6 +13,7 @@ from zephon_core.data.sources import Dataset, Phase, ShuffleSettings, phase_weig
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import CombinerOp, Operator, Row
 from zephon_core.ops.pack import text_row_arrays
+from zephon_core.ops.row_transform import RowTransform
 
 
 class TextCollate:
@@ -95,6 +96,9 @@ class Recipe:
     #: "samples" (weights count samples) or "tokens" (weights count the tokens the
     #: combiner receives; docs/elastic-changes.md)
     mix_by: str = "samples"
+    #: stateless operators on each finished row, after the combiner (`RowTransform`,
+    #: docs/operators.md): they run in the worker pool only for the rows a step takes
+    row_ops: list[RowTransform] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -117,6 +121,11 @@ class Recipe:
         self.schedule()  # refuses a bad schedule now, not at the first step
         for step, g in self.batch_sizes():
             check_lane_geometry(self.num_lanes, g, where=f" (phase at step {step})")
+        bad = [getattr(o, "name", repr(o)) for o in self.row_ops
+               if not isinstance(o, RowTransform)]
+        if bad:
+            raise ConfigError(f"row_ops holds {bad}, which are not RowTransforms; an operator "
+                              "before the combiner goes in ops")
         if self.collate is None:
             object.__setattr__(self, "collate", TextCollate(self.seq_len, self.combiner.pad_id))
 
@@ -178,4 +187,9 @@ class Recipe:
                if self.phases else {}),
             **({"mix_by": "tokens", "phase_lag": self.phase_lag}
                if self.mix_by == "tokens" else {}),
+            # only with a row transform that changes rows, so other recipes' fingerprints
+            # are what they always were
+            **({"row_ops": row_ops} if (row_ops := [
+                {"name": o.name, "type": type(o).__name__, **o.settings()}
+                for o in self.row_ops if o.fingerprinted]) else {}),
         }

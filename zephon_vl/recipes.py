@@ -60,6 +60,7 @@ from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
 from zephon_vl.ops.collate import VLCollate
 from zephon_vl.ops.filler import image_filler
+from zephon_vl.ops.decode_rows import DecodePlanned
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
 #: one dataset: a list of files (their suffix picks the format: ``.tar`` WebDataset shards,
@@ -148,11 +149,13 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                      special.pad, _filler(image, family, special, wants_image))
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
                      family, framing, as_user_ops(operators)), packer]
+    planned = next(o for o in ops if isinstance(o, DecodeVision)).plan
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
-                  phases=list(phases), phase_lag=phase_lag)
+                  phases=list(phases), phase_lag=phase_lag,
+                  row_ops=[DecodePlanned()] if planned else [])
 
 
 def _settings(image: ImageSettings | Mapping[str, Any] | None,
@@ -220,15 +223,17 @@ def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings 
     tokenize with vision tokens; the user's other operators where they say.
 
     Without user operators after the read, images and clips are planned from their
-    headers and decoded by the tokenizer only for a sample that fits a row
-    (`zephon_vl.media.planned`); an operator after ``decode`` or ``tokenize`` sees
-    pixels, so with one every sample is decoded first, as before."""
+    headers (`zephon_vl.media.planned`) and decoded after the packer, for the rows made
+    only (`DecodePlanned`, the recipe's row transform); an operator after ``decode`` or
+    ``tokenize`` sees pixels, so with one every sample is decoded first, as before."""
+    plan = all(u.after == "read" for u in user)
     ops = [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error, pixel_ops=_pixel_ops(user),
-                     plan=all(u.after == "read" for u in user)),
+                     plan=plan),
         TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
-                           on_error=on_error, family=family, chat=framing),
+                           on_error=on_error, family=family, chat=framing,
+                           decode_planned=not plan),
     ]
     return insert_user_ops(ops, [u for u in user if u.after != "pixels"],
                            {"read": "read", "decode": "decode", "tokenize": "tokenize"}, "vlm")

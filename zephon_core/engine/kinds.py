@@ -49,4 +49,5 @@ class StageKind(StrEnum):
 
     TRANSFORM = "transform"  # stateless, per element, on a runner
     ACCUMULATOR = "accumulator"  # per-lane state that holds and reorders elements
-    COMBINER = "combiner"  # the last stage: makes the rows
+    COMBINER = "combiner"  # makes the rows
+    ROWS = "rows"  # stateless, per finished row, on a runner (`RowTransform`): after the combiner

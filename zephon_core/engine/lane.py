@@ -15,7 +15,6 @@ The lane is a queue machine (`engine.lane_queues`); its optional concerns
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -35,6 +34,7 @@ from zephon_core.engine.lane_queues import (
 )
 from zephon_core.engine.observe import DRIVER
 from zephon_core.engine.plan import Plan
+from zephon_core.engine.row_queue import RowQueue
 from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.stall import StallGuard
@@ -72,7 +72,8 @@ class LaneRun:
         self._hooks = LaneHooks([self._stall, *hooks])
         self._q = LaneQueues(plan, lane, seed, runners, self._hooks)
         self._budget = plan.prefetch * plan.execution.group_size
-        self._rows: deque[tuple[Row, dict | None]] = deque()
+        #: rows made: at the row stages (`RowTransform`s), then ready to take, in order
+        self._rows = RowQueue(plan, lane, seed, runners, self._hooks)
         self._rows_emitted = 0
         self._want_rows = 0
         self._warming = False
@@ -94,17 +95,23 @@ class LaneRun:
 
     @property
     def dropped(self) -> Mapping[str, int]:
-        """Drops so far, by reason."""
-        return self._drops.counts
+        """Drops so far, by reason (the row stages' as far as their rows have come back)."""
+        late = self._rows.late
+        if not late:
+            return self._drops.counts
+        return {k: self._drops.counts.get(k, 0) + late.get(k, 0)
+                for k in {*self._drops.counts, *late}}
 
     @property
     def finished(self) -> bool:
-        """The combiner has flushed: the lane makes no more rows."""
-        return self._finished
+        """The combiner has flushed and every row is back from the row stages: the lane
+        makes no more rows."""
+        return self._finished and not self._rows.in_flight()
 
     def needy(self) -> bool:
-        """The next step still waits for this lane's rows."""
-        return len(self._rows) < self._r
+        """The next step still waits for this lane's rows (rows at the row stages are
+        made: more draws would not bring them sooner)."""
+        return self._rows.made() < self._r
 
     def moving_heads(self) -> list[Origin]:
         """The oldest element of each queue between stages."""
@@ -116,8 +123,8 @@ class LaneRun:
 
     # --- the loader's API ----------------------------------------------------
     def ready(self) -> int:
-        """Rows made and not yet taken."""
-        return len(self._rows)
+        """Rows made, back from the row stages, and not yet taken."""
+        return len(self._rows.ready)
 
     def request(self, rows: int, warming: bool = False) -> None:
         """Make rows until `rows` have been made in all (the lane draws nothing past that).
@@ -132,21 +139,21 @@ class LaneRun:
     def take(self, n: int) -> Taken:
         """The oldest `n` ready rows (``n <= ready()``), their drops, and the snapshot after
         the last of them: the state a checkpoint at that step boundary holds."""
-        taken = [self._rows.popleft() for _ in range(n)]
+        taken = [self._rows.ready.popleft() for _ in range(n)]
         rows = [row for row, _ in taken]
         return Taken(rows, [d for row in rows for d in row.drops], taken[-1][1])
 
     def leftover(self) -> Taken:
-        """Without taking them: every ready row with its drops, and the drops recorded
-        after the last row."""
-        rows = [row for row, _ in self._rows]
+        """Without taking them: every row made with its drops (one still at a row stage as
+        the combiner made it), and the drops recorded after the last row."""
+        rows = self._rows.rows()
         return Taken(rows, [d for row in rows for d in row.drops], None,
                      tuple(self._drops.pending))
 
     def take_rest(self) -> Taken:
         """Take everything `leftover` shows (after `finish`: the lane's last rows)."""
         rest = self.leftover()
-        self._rows.clear()
+        self._rows.ready.clear()
         self._drops.pending = []
         return rest
 
@@ -159,17 +166,18 @@ class LaneRun:
 
     def stats(self) -> LaneStats:
         """The lane's counts now."""
-        return LaneStats(self.lane, self._rows_emitted, len(self._rows),
+        return LaneStats(self.lane, self._rows_emitted, self.ready(),
                          self._stall.draws_since_row, self._source.state.draws,
-                         dict(self._drops.counts), self._finished)
+                         dict(self.dropped), self.finished)
 
     def drop_hints(self) -> list[str]:
         """What to change, from the reasons of the drops since the lane's last row."""
         return self._stall.hints()
 
     def head_futures(self) -> list[Future]:
-        """The oldest group in flight at each transform stage: what `pump` waits on next."""
-        return self._q.head_futures()
+        """The oldest group in flight at each transform and row stage: what `pump` waits
+        on next."""
+        return self._q.head_futures() + self._rows.head_futures()
 
     # --- moving elements ---------------------------------------------------
     def _drain(self) -> bool:
@@ -241,7 +249,7 @@ class LaneRun:
             boundary = (self._rows_emitted % self._r == 0 if self._batches is None
                         else self._batches.step_at_rows(self._rows_emitted) is not None)
             snap = self.snapshot() if boundary else None
-            self._rows.append((row, snap))
+            self._rows.submit(row, snap)
 
     def _can_pull(self) -> bool:
         """May the lane draw one more element now?
@@ -269,7 +277,8 @@ class LaneRun:
         order, ending with the combiner (`finished`). A lane that only drops stops through
         its `StallGuard`, at a sample that depends only on the data.
         """
-        moved = self._q.collect()
+        moved = self._rows.collect()
+        moved |= self._q.collect()
         moved |= self._drain()
         while self._can_pull():
             origin = self._source.next()
@@ -283,7 +292,8 @@ class LaneRun:
         starving = self._source_done or not self._can_pull()
         moved |= self._q.send(self._warming, starving)
         moved |= self._drain()
-        return self._flush_if_done() or moved
+        moved |= self._flush_if_done()
+        return self._rows.collect() or moved
 
     def _flush_if_done(self) -> bool:
         """After the source's end: flush each stateful stage, in stage order, once every
@@ -293,7 +303,7 @@ class LaneRun:
             return False
         q, moved = self._q, False
         for s in q.stages:
-            if s.kind is StageKind.TRANSFORM or s.index in self._flushed:
+            if s.kind in (StageKind.TRANSFORM, StageKind.ROWS) or s.index in self._flushed:
                 continue
             if not (q.empty_before(s.index) and not q.inbox[s.index]):
                 break

@@ -32,6 +32,9 @@ _KEY_SALT = 0x454C454D
 #: groups of one came 0.4 s later) and after (a lane keeps `prefetch` groups in flight:
 #: whole groups of clips held 550 MB of frames for rows wanted steps later)
 WARM_GROUP_CPU_S, GROUP_CPU_S = 0.02, 0.1
+#: the stages with per-lane state and an inbox (row stages come after the combiner and
+#: have their own queue: `engine.row_queue`)
+_STATEFUL = (StageKind.ACCUMULATOR, StageKind.COMBINER)
 
 
 def payload_tokens(payload: Any) -> int:
@@ -174,14 +177,14 @@ class LaneQueues:
         self.t = {s.index: TransformQueue() for s in self.stages
                   if s.kind is StageKind.TRANSFORM}
         self.inbox: dict[int, deque[tuple[Origin, Any]]] = {
-            s.index: deque() for s in self.stages if s.kind is not StageKind.TRANSFORM}
+            s.index: deque() for s in self.stages if s.kind in _STATEFUL}
         self.op_of_stage = {s.index: plan.ops.index(s.ops[0]) for s in self.stages
-                            if s.kind is not StageKind.TRANSFORM}
+                            if s.kind in _STATEFUL}
         self.stage_of_op = {op: stage for stage, op in self.op_of_stage.items()}
         self.accs: dict[int, Accumulator] = {
             s.index: s.ops[0].make(lane, seed) for s in self.stages
             if s.kind is StageKind.ACCUMULATOR}
-        self.combiner_index = self.stages[-1].index
+        self.combiner_index = plan.combiner_index
         self.combiner: Combiner = plan.combiner.make(lane, seed)
         #: elements waiting for or inside a transform stage (not yet finished documents),
         #: counted as they move: the backlog sums it over the lanes before every draw
@@ -224,7 +227,7 @@ class LaneQueues:
         out: dict[str, list[Origin]] = {}
         start = 0
         for s in self.stages:
-            if s.kind is StageKind.TRANSFORM:
+            if s.kind not in _STATEFUL:
                 continue
             origins = [o for o, _ in self.inbox[s.index]]
             for j in range(s.index - 1, start - 1, -1):
@@ -329,7 +332,7 @@ class LaneQueues:
         they were, and restore each stateful operator."""
         start = 0
         for s in self.stages:
-            if s.kind is StageKind.TRANSFORM:
+            if s.kind not in _STATEFUL:
                 continue
             key = self.position(s.index)
             origins = snap.pending[key]

@@ -117,11 +117,11 @@ class Loader(BackgroundSteps, LoaderEnd):
         self._set_batches()
         self.execution = execution or Execution()
         self.digests = digests or ledger is not None
-        self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests)
+        self.plan = Plan(recipe.ops, self.execution, len(self.lanes), self.digests, recipe.row_ops)
         sizes = self._read_data()
         self.ledger = RankLedger(ledger, self.fingerprint, gather) if ledger is not None else None
         self._owns_runners = runners is None
-        self.runners = runners if runners is not None else self.plan.make_runners()
+        self.runners = self.plan.runners_for(runners)
         self.plan.release_remote_operators(self.runners)  # read while the recipe was built
         self.gather = gather
         self._sizes = sizes

@@ -376,7 +376,7 @@ def recorder_for(loader: Any, wait_warn_share: float | None) -> MetricsRecorder:
 
     stages = []
     for st in loader.plan.stages:
-        if st.kind is not StageKind.TRANSFORM:
+        if st.kind not in (StageKind.TRANSFORM, StageKind.ROWS):
             stages.append((st.name, DRIVER, 1))
         else:
             runner = loader.runners.get(st.index)

@@ -14,11 +14,15 @@ from zephon_core.engine.execution import Execution
 from zephon_core.engine.kinds import RunnerKind, StageKind
 from zephon_core.engine.observe import StageStats
 from zephon_core.engine.runner_base import Runner
-from zephon_core.engine.runners import RunnerSpec, make_runner
+from zephon_core.engine.runners import InlineRunner, RunnerSpec, make_runner
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import AccumulatorOp, CombinerOp, Operator, StageFn, Transform
+from zephon_core.ops.row_transform import RowStageFn, RowTransform
 
 log = logging.getLogger(__name__)
+
+#: the stages a runner runs: transforms, and row transforms after the combiner
+_RUN = (StageKind.TRANSFORM, StageKind.ROWS)
 
 
 @dataclass
@@ -39,7 +43,7 @@ class Stage:
 def unknown_operators(ops: list[Operator], execution: Execution) -> str:
     """A message naming the operators `execution` sets workers or runners for that `ops`
     lacks (e.g. a typo: ``--workers decod=2``), or "" when there are none."""
-    transforms = [o.name for o in ops if isinstance(o, Transform)]
+    transforms = [o.name for o in ops if isinstance(o, Transform | RowTransform)]
     named = set() if isinstance(execution.workers, str) else set(execution.workers)
     unknown = sorted((named | set(execution.runners)) - set(transforms))
     if not unknown:
@@ -49,11 +53,12 @@ def unknown_operators(ops: list[Operator], execution: Execution) -> str:
 
 
 class Plan:
-    """Operators compiled into stages: fused transforms, accumulators, and the combiner last."""
+    """Operators compiled into stages: fused transforms, accumulators, the combiner, then
+    the row transforms (`row_ops`, `RowTransform`: stateless work on each finished row)."""
 
     def __init__(self, ops: list[Operator], execution: Execution, lanes: int = 1,
-                 digests: bool = False) -> None:
-        names = [o.name for o in ops]
+                 digests: bool = False, row_ops: list[RowTransform] | tuple = ()) -> None:
+        names = [o.name for o in [*ops, *row_ops]]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"operator names must be unique; repeated: {sorted(dup)}")
@@ -64,7 +69,7 @@ class Plan:
         if extra:
             raise ConfigError(f"only the last operator may combine elements into rows; move or "
                               f"remove {extra}")
-        unknown = unknown_operators(ops, execution)
+        unknown = unknown_operators([*ops, *row_ops], execution)
         if unknown:  # an Execution may serve several recipes; user input is checked strictly
             log.warning("%s", unknown)
         self.ops = ops
@@ -87,7 +92,10 @@ class Plan:
                 self.stages.append(Stage(len(self.stages), StageKind.COMBINER, [op]))
             else:
                 raise ConfigError(f"operator {op.name!r} is neither a Transform, an "
-                                  "AccumulatorOp nor a CombinerOp")
+                                  "AccumulatorOp nor a CombinerOp (a RowTransform goes in the "
+                                  "recipe's row_ops)")
+        self.row_ops = list(row_ops)
+        self._add_row_stages(execution)
         if execution.auto_workers:
             self._split_budget()
         workers = max((s.workers for s in self.stages if s.runner_kind is not RunnerKind.INLINE),
@@ -95,6 +103,30 @@ class Plan:
         if execution.auto_workers:  # room for the most workers a stage may be given
             workers = max(workers, execution.worker_budget())
         self.prefetch = execution.prefetch or max(2, -(-2 * workers // max(lanes, 1)))
+
+    def _add_row_stages(self, execution: Execution) -> None:
+        """The row transforms after the combiner, fused like transforms (same runner and
+        workers)."""
+        for op in self.row_ops:
+            if not isinstance(op, RowTransform):
+                raise ConfigError(f"row operator {op.name!r} is not a RowTransform")
+            kind, workers = execution.runner_for(op)  # type: ignore[arg-type]
+            last = self.stages[-1]
+            if (execution.fuse and last.kind is StageKind.ROWS
+                    and (last.runner_kind, last.workers) == (kind, workers)):
+                last.ops.append(op)
+            else:
+                self.stages.append(Stage(len(self.stages), StageKind.ROWS, [op], kind, workers))
+
+    @property
+    def combiner_index(self) -> int:
+        """The combiner's stage (the last one unless row transforms follow it)."""
+        return next(s.index for s in self.stages if s.kind is StageKind.COMBINER)
+
+    @property
+    def row_stages(self) -> list[Stage]:
+        """The stages of the row transforms, in order (none without `row_ops`)."""
+        return [s for s in self.stages if s.kind is StageKind.ROWS]
 
     def _split_budget(self) -> None:
         """``workers="auto"``: the process stages start with equal shares of the budget
@@ -109,7 +141,7 @@ class Plan:
 
     @property
     def combiner(self) -> CombinerOp:
-        """The last operator, which makes the rows."""
+        """The last operator of `ops`, which makes the rows."""
         return self.ops[-1]  # type: ignore[return-value]
 
     @property
@@ -117,8 +149,10 @@ class Plan:
         """The stage whose outputs reach the combiner unchanged (accumulators keep payloads)."""
         return max((s.index for s in self.stages if s.kind is StageKind.TRANSFORM), default=None)
 
-    def stage_fn(self, stage: Stage) -> StageFn:
+    def stage_fn(self, stage: Stage) -> StageFn | RowStageFn:
         """With `digests` (the ledger), the last transform stage hashes each sample it makes."""
+        if stage.kind is StageKind.ROWS:
+            return RowStageFn(list(stage.ops), self.execution.storage())  # type: ignore[arg-type]
         return StageFn(list(stage.ops),  # type: ignore[arg-type]
                        digests=self.digests and stage.index == self.last_transform,
                        storage=self.execution.storage())
@@ -137,15 +171,25 @@ class Plan:
         0.2 s before the first batch)."""
         remote = (RunnerKind.PROCESSES, RunnerKind.RAY)
         for s in self.stages:
-            if (s.kind is StageKind.TRANSFORM and s.runner_kind in remote
+            if (s.kind in _RUN and s.runner_kind in remote
                     and not runners[s.index].forked):
                 for op in s.ops:
                     op.release()  # type: ignore[attr-defined]
 
     def make_runners(self) -> dict[int, Runner]:
         return {s.index: make_runner(RunnerSpec.from_execution(self.execution, s),
-                                     self.stage_fn(s))
-                for s in self.stages if s.kind is StageKind.TRANSFORM}
+                                     self.stage_fn(s))  # type: ignore[arg-type]
+                for s in self.stages if s.kind in _RUN}
+
+    def runners_for(self, given: dict[int, Runner] | None) -> dict[int, Runner]:
+        """`given` (a caller's runners), or this plan's own when None. A row stage the
+        given runners lack (built from a plan without `row_ops`) runs inline: the same
+        rows, in the driver."""
+        if given is None:
+            return self.make_runners()
+        missing = {s.index: InlineRunner(self.stage_fn(s))  # type: ignore[arg-type]
+                   for s in self.row_stages if s.index not in given}
+        return {**given, **missing} if missing else given
 
     def explain(self, lanes: int | None = None, rows_per_lane: int | None = None,
                 stats: StageStats | None = None) -> str:
@@ -164,6 +208,9 @@ class Plan:
                 lines.append(f"  stage {s.index}: {s.name} [stateless, {s.runner_kind}, {par}; "
                              f"groups of {ex.group_size}, up to {self.prefetch} groups in flight "
                              "per lane]")
+            elif s.kind is StageKind.ROWS:
+                lines.append(f"  stage {s.index}: {s.name} [row transform: each finished row, "
+                             f"{s.runner_kind}, {s.workers} worker(s)]")
             elif s.kind is StageKind.ACCUMULATOR:
                 lines.append(f"  stage {s.index}: {s.name} [accumulator, per-lane state, driver]")
             else:

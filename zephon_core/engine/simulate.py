@@ -154,8 +154,8 @@ class ElasticRun:
         self.ledger = ledger
         self.digests = digests or ledger is not None
         self.recipe = make_recipe()
-        self.runners = Plan(self.recipe.ops, self.execution,
-                            digests=self.digests).make_runners()
+        self.runners = Plan(self.recipe.ops, self.execution, digests=self.digests,
+                            row_ops=self.recipe.row_ops).make_runners()
         self.state: str | None = None
 
     def ranks(self, dp: int, recipe: Recipe | None = None) -> SimulatedRanks:

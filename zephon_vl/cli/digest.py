@@ -16,7 +16,7 @@ def check_operator_names(recipe: Recipe, execution: Execution) -> None:
     """Typed settings for an operator the recipe lacks are a mistake: refuse them."""
     from zephon_core.extend import unknown_operators
 
-    problem = unknown_operators(recipe.ops, execution)
+    problem = unknown_operators([*recipe.ops, *recipe.row_ops], execution)
     if problem:
         raise ConfigError(f"{problem} (check --workers / --runners)")
 

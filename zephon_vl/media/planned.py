@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from zephon_core import BadSampleError
 from zephon_vl.media.geometry import VisionPatches
 from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_geometry
-from zephon_vl.media.image import ImageSettings, process_image
+from zephon_vl.media.image import ImageSettings, finish_patches, process_image
 from zephon_vl.media.video import VideoSettings, process_video
 
 __all__ = ["PlannedItem", "decoded_rows", "item_pixels", "plan_image", "plan_video"]
@@ -48,9 +49,29 @@ class PlannedItem:
         t, h, w = self.geometry.grid_thw
         return t * h * w // (merge_size * merge_size)
 
-    def __repr__(self) -> str:  # a sample digest of an undecoded item: no bytes in it
+    def __repr__(self) -> str:
+        """What a sample digest (the ledger's) of an undecoded item hashes: where it came
+        from, its grid, and a hash of its encoded bytes, so the digest changes when an
+        image's bytes do (and stays short: no bytes in it)."""
         kind = "clip" if self.video is not None else "image"
-        return f"PlannedItem({kind} {self.where}, {self.data.nbytes} bytes, {self.geometry})"
+        content = xxhash.xxh3_64_hexdigest(self.data.reshape(-1).view(np.uint8))
+        return (f"PlannedItem({kind} {self.where}, {self.data.nbytes} bytes xxh3 {content}, "
+                f"{self.geometry})")
+
+    def blank(self) -> VisionPatches:
+        """The patch rows of a black item of the planned size: every pixel 0 before
+        normalization (what the normalization makes of 0), laid out as the decode lays out
+        this item (one frame of a still image; the planned frames of a clip). What a sample
+        whose bytes fail to decode after its row was planned holds instead
+        (`zephon_vl.ops.decode_rows`)."""
+        g = self.geometry
+        frames = np.zeros((g.frames if self.video is not None else 1, g.height, g.width, 3),
+                          dtype=np.uint8)
+        patches = finish_patches(frames, self.image, one_frame=self.video is None)
+        got = tuple(int(x) for x in patches.grid_thw)
+        if got != g.grid_thw:  # a geometry `grid_for` made always lays out to its grid
+            raise AssertionError(f"blank of {self.where}: grid {got}, planned {g.grid_thw}")
+        return patches
 
     def decode(self) -> VisionPatches:
         """The patch rows the early decode makes of these bytes. A decode failure raises its

@@ -278,6 +278,11 @@ class TokenizeMultimodal(TokenizerTransform):
     Documents longer than `max_tokens` are cut after their last complete
     text piece that fits when `overlong="truncate"` (never inside an image's
     tokens), or left whole for the packer to drop (`overlong="drop"`).
+
+    `decode_planned` False leaves planned items (`PlannedItem`) undecoded for a row
+    transform after the packer (`DecodePlanned`, which the built-in VLM recipes add):
+    the packer's open rows then hold encoded bytes, and nothing is decoded for a sample
+    it refuses. Not a setting: the pixels are the same either way.
     """
 
     default_runner = "processes"
@@ -285,7 +290,7 @@ class TokenizeMultimodal(TokenizerTransform):
     def __init__(self, tokenizer_path: str | os.PathLike, merge_size: int, max_tokens: int,
                  overlong: str = "drop", name: str = "tokenize", on_error: str = "drop",
                  family: str | VisionFamily = "qwen3_5",
-                 chat: ChatFraming | None = None) -> None:
+                 chat: ChatFraming | None = None, decode_planned: bool = True) -> None:
         if overlong not in ("drop", "truncate"):
             raise ConfigError(f"overlong must be 'drop' or 'truncate', got {overlong!r}")
         super().__init__(tokenizer_path)
@@ -296,6 +301,7 @@ class TokenizeMultimodal(TokenizerTransform):
         self.on_error = check_on_error(on_error)
         self.family = vision_family(family)
         self.chat = chat if chat is not None else self.family.chat_framing
+        self.decode_planned = decode_planned
         self._ids: Any = None
 
     def settings(self) -> dict:
@@ -376,7 +382,7 @@ class TokenizeMultimodal(TokenizerTransform):
             "targets": np.concatenate(targets),
             "costs": {"vision_tokens": vision_tokens, "images": len(kept)},
             # a sample the packer refuses for its length is never decoded
-            "pixel_values": item_pixels(kept, decode=not (self.overlong == "drop"
-                                                          and total > self.max_tokens)),
+            "pixel_values": item_pixels(kept, decode=self.decode_planned and not (
+                self.overlong == "drop" and total > self.max_tokens)),
             "grid_thw": [v.grid_thw for v in kept],
         }

@@ -65,7 +65,7 @@ def resolve_config(config: Any, *, dp_world_size: int, seq_len: int, local_batch
                           f"recipe {config.recipe!r}: {exc}") from None
     if tokenizer is not None:
         check_tokenizer(tokenizer, recipe, config.recipe)
-    problem = unknown_operators(recipe.ops, execution)
+    problem = unknown_operators([*recipe.ops, *recipe.row_ops], execution)
     if problem:
         raise ConfigError(f"zephon dataloader: {problem} (--dataloader.workers, "
                           "--dataloader.runners)")
