@@ -59,8 +59,8 @@ from zephon_vl.families.registry import vision_family
 from zephon_vl.media.image import ImageSettings
 from zephon_vl.media.video import VideoSettings
 from zephon_vl.ops.collate import VLCollate
-from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.decode_rows import DecodePlanned
+from zephon_vl.ops.filler import image_filler
 from zephon_vl.ops.multimodal import DecodeVision, TokenizeMultimodal
 
 #: one dataset: a list of files (their suffix picks the format: ``.tar`` WebDataset shards,

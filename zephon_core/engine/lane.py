@@ -39,7 +39,6 @@ from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.engine.stall import StallGuard
 from zephon_core.errors import CheckpointError
-from zephon_core.ops.contract import Row
 from zephon_core.records import Dropped, Origin
 
 #: names other modules import from here (the group sizes are the lane's, kept beside its
