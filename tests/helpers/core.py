@@ -181,6 +181,7 @@ class Spec:
     phases: tuple = ()  # Phase(start_step, weights) of a mixture schedule
     phase_lag: int = 32
     mix_by: str = "samples"
+    row_ops: tuple = ()  # RowTransforms after the combiner
 
     @property
     def global_batch_size(self) -> int:
@@ -229,6 +230,7 @@ def build_recipe(spec: Spec) -> Recipe:
         phases=list(spec.phases),
         phase_lag=spec.phase_lag,
         mix_by=spec.mix_by,
+        row_ops=list(spec.row_ops),
     )
 
 

@@ -1,0 +1,109 @@
+"""Row transforms (`RowTransform`): stateless work on finished rows after the combiner, in
+any runner, the rows the same at every D, runner and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.helpers.core import Spec, World, build_recipe
+from zephon_core import ConfigError, Execution, Map
+from zephon_core.extend import Row, RowTransform
+
+
+class MaskOdd(RowTransform):
+    """No labels from samples of odd index; a sample of index divisible by 5 dropped."""
+
+    name = "mask_odd"
+
+    def process_rows(self, rows: list[Row]) -> list[Row]:
+        out = []
+        for row in rows:
+            segments, drops = [], list(row.drops)
+            for s in row.segments:
+                if s.origin.index % 2:
+                    n = len(s.payload["tokens"])
+                    s = dataclasses.replace(s, payload={**s.payload,
+                                                        "targets": np.zeros(n, dtype=bool)})
+                if s.origin.index % 5 == 0 and s.start == 0:
+                    drops.append((s.origin, "late"))
+                segments.append(s)
+            out.append(dataclasses.replace(row, segments=segments, drops=drops))
+        return out
+
+
+class Reorders(RowTransform):
+    name = "reorders"
+
+    def process_rows(self, rows: list[Row]) -> list[Row]:
+        return [dataclasses.replace(r, segments=r.segments[::-1]) for r in rows]
+
+
+SPEC = Spec(seq_len=48)
+
+
+def _world(spec: Spec, D: int, ex: Execution, row_ops: list, shared: bool = False,
+           state: dict | None = None) -> World:
+    return World(spec.but(row_ops=tuple(row_ops)), D, ex, shared_runners=shared, state=state)
+
+
+def _digests_and_drops(world: World, steps: int) -> list[tuple[str, list]]:
+    out = []
+    for _ in range(steps):
+        rows = world.step()
+        assert rows is not None
+        out.append((world.digest(rows), [d for r in rows for d in r.drops]))
+    return out
+
+
+def test_a_row_transform_changes_rows_the_same_way_everywhere():
+    inline = Execution(runner="inline")
+    with _world(SPEC, 1, inline, [MaskOdd()]) as w:
+        ref = _digests_and_drops(w, 6)
+    with _world(SPEC, 1, inline, []) as w:
+        plain = _digests_and_drops(w, 6)
+    assert [d for d, _ in ref] != [d for d, _ in plain]  # it ran
+    late = [d for _, drops in ref for d in drops if d[1] == "late"]
+    assert late and all(o.index % 5 == 0 for o, _ in late)
+    threads = Execution(runner="threads", workers={"mask_odd": 2, "tokens": 2})
+    with _world(SPEC, 2, threads, [MaskOdd()]) as w:
+        assert _digests_and_drops(w, 6) == ref
+    # runners built from a plan without row_ops: the row stage runs inline
+    with _world(SPEC, 2, threads, [MaskOdd()], shared=True) as w:
+        assert _digests_and_drops(w, 6) == ref
+    # resumed at step 3 on another D
+    with _world(SPEC, 4, inline, [MaskOdd()]) as w:
+        _digests_and_drops(w, 3)
+        state = w.state()
+    with _world(SPEC, 2, threads, [MaskOdd()], state=state) as w:
+        assert _digests_and_drops(w, 3) == ref[3:]
+
+
+@pytest.mark.slow
+def test_a_row_transform_in_a_process_pool():
+    ex = Execution(runner="processes", workers={"mask_odd": 2, "tokens": 1})
+    with _world(SPEC, 1, Execution(runner="inline"), [MaskOdd()]) as w:
+        ref = _digests_and_drops(w, 4)
+    with _world(SPEC, 2, ex, [MaskOdd()]) as w:
+        assert _digests_and_drops(w, 4) == ref
+
+
+def test_a_row_transform_must_keep_the_segments():
+    with _world(SPEC, 1, Execution(runner="inline"), [Reorders()]) as w, \
+            pytest.raises(RuntimeError, match="segments and drops unchanged"):
+        for _ in range(3):
+            w.step()
+
+
+def test_row_ops_are_checked_and_fingerprinted():
+    recipe = build_recipe(SPEC)
+    with pytest.raises(ConfigError, match="not RowTransforms"):
+        dataclasses.replace(recipe, row_ops=[Map(lambda p: p, name="m")])
+    with_op = dataclasses.replace(recipe, row_ops=[MaskOdd()])
+    assert "row_ops" not in recipe.fingerprint()
+    assert with_op.fingerprint()["row_ops"] == [{"name": "mask_odd", "type": "MaskOdd"}]
+    quiet = MaskOdd()
+    quiet.fingerprinted = False
+    assert dataclasses.replace(recipe, row_ops=[quiet]).fingerprint() == recipe.fingerprint()
