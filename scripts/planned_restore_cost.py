@@ -16,7 +16,8 @@ from the state after the last step: the state's JSON size, the decodes the resto
 runs and the document bytes the restored lanes hold. For scale, the mean bytes of a
 step's collated ``pixel_values`` (``rows`` holds the decoded pixels of the rows made
 ahead of the consumer besides its documents: at most `prefetch_steps` + 1 steps of
-them). The batches of all three are the same (checked). One rank, inline runner, so every decode is counted in this process.
+them). The batches of all three are the same (checked). One rank, inline runner, so
+every decode is counted in this process.
 Run: ``python scripts/planned_restore_cost.py [--steps 12] [--samples 200]``
 """
 
