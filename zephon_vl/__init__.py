@@ -62,6 +62,7 @@ _EXPORTS: dict[str, str] = {
     # operators and collate
     "DecodeVision": "zephon_vl.ops.multimodal",
     "TokenizeMultimodal": "zephon_vl.ops.multimodal",
+    "DecodePlanned": "zephon_vl.ops.decode_rows",
     "VLCollate": "zephon_vl.ops.collate",
     "normalize_pixels": "zephon_vl.ops.device",
     "patch_rows_from_frames": "zephon_vl.ops.device",
