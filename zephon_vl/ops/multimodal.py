@@ -111,8 +111,9 @@ class DecodeVision(Transform):
     """WebDataset sample -> document dict with decoded vision inputs (heavy: processes).
 
     With `plan` (the built-in VLM recipes), an image or clip whose header can be
-    trusted is a `PlannedItem` (its grid, its bytes) instead, decoded by
-    `TokenizeMultimodal` only for a sample that fits a row (docs/design.md).
+    trusted is a `PlannedItem` (its grid, its bytes) instead, decoded after the packer
+    by the recipe's row transform `DecodePlanned` (or by `TokenizeMultimodal` for a
+    sample that fits, with ``decode_planned``; docs/design.md).
     """
 
     default_runner = "processes"
@@ -130,8 +131,8 @@ class DecodeVision(Transform):
         #: the user's operators on each still image's decoded pixels (docs/operators.md)
         self.pixel_ops = list(pixel_ops)
         #: plan images and clips from their headers (`zephon_vl.media.planned`): the
-        #: document holds `PlannedItem`s, decoded by `TokenizeMultimodal` only for a
-        #: sample that fits. Never with ``pixels`` operators (they may change the size).
+        #: document holds `PlannedItem`s, decoded later (`DecodePlanned` after the packer,
+        #: or the tokenizer). Never with ``pixels`` operators (they may change the size).
         #: Not a setting: the pixels are the same either way.
         self.plan = plan and not self.pixel_ops
 
