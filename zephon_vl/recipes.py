@@ -155,7 +155,7 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag,
-                  row_ops=[DecodePlanned()] if planned else [])
+                  row_ops=[DecodePlanned(on_error=on_error)] if planned else [])
 
 
 def _settings(image: ImageSettings | Mapping[str, Any] | None,

@@ -15,7 +15,8 @@ runner and resume: the item becomes a black image of the planned size
 (`PlannedItem.blank`: every pixel 0 before normalization), the sample's targets
 are masked (its tokens stay in the row, none is a label), and the sample is
 recorded as a drop with reason ``decode_failed_after_plan``, the decode's own
-reason and place in its detail.
+reason and place in its detail. With the recipe's ``on_error="raise"`` the run stops
+instead, naming the sample and the decode's reason.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core import BadSampleError
-from zephon_core.extend import Row, RowTransform, Segment
+from zephon_core.extend import Row, RowTransform, Segment, check_on_error
 from zephon_vl.media.planned import PlannedItem
 
 #: the drop reason of a sample whose planned item failed to decode after its row closed
@@ -38,13 +39,16 @@ class DecodePlanned(RowTransform):
 
     Not in the fingerprint (`fingerprinted`): its rows are the ones the collate's own
     decode of a planned item would make, so a checkpoint written without it restores.
+    `on_error` is the recipe's bad-input policy: ``drop`` keeps the sample's place (a
+    black image, no labels, a recorded drop), ``raise`` stops the run naming it.
     """
 
     default_runner = "processes"
     fingerprinted = False
 
-    def __init__(self, name: str = "decode_rows") -> None:
+    def __init__(self, name: str = "decode_rows", on_error: str = "drop") -> None:
         self.name = name
+        self.on_error = check_on_error(on_error)
 
     def process_rows(self, rows: list[Row]) -> list[Row]:
         return [self.decode_row(r) for r in rows]
@@ -62,12 +66,19 @@ class DecodePlanned(RowTransform):
                 segments.append(seg)
                 continue
             pixels, failure = decode_items(items)
+            if failure is not None and self.on_error == "raise":
+                raise BadSampleError(
+                    failure.reason, f"{failure.where} [{seg.origin.where()}]",
+                    (failure.detail + "; " if failure.detail else "") + f"raised in operator "
+                    f"{self.name!r} after the packer; set on_error='drop' to record such "
+                    "samples (their row keeps a black image and no labels)")
             new = {**payload, "pixel_values": pixels}
             if failure is not None:
                 new["targets"] = np.zeros(len(payload["tokens"]), dtype=bool)
                 if seg.start == 0:  # a document cut over rows is dropped once
                     drops.append((seg.origin, DECODE_FAILED))
-                    details.append(failure)
+                    details.append(f"{failure.reason} at {failure.where}"
+                                   + (f": {failure.detail}" if failure.detail else ""))
             segments.append(dataclasses.replace(seg, payload=new))
             changed = True
         if not changed:
@@ -75,11 +86,11 @@ class DecodePlanned(RowTransform):
         return dataclasses.replace(row, segments=segments, drops=drops, drop_details=details)
 
 
-def decode_items(items: list[Any]) -> tuple[list[np.ndarray], str | None]:
-    """A payload's ``pixel_values`` with the planned items decoded, and what failed (None:
-    nothing): an item that fails is its black blank, the sample's other items decode."""
+def decode_items(items: list[Any]) -> tuple[list[np.ndarray], BadSampleError | None]:
+    """A payload's ``pixel_values`` with the planned items decoded, and the first failure
+    (None: none): an item that fails is its black blank, the sample's other items decode."""
     out: list[np.ndarray] = []
-    failure: str | None = None
+    failure: BadSampleError | None = None
     for v in items:
         if not isinstance(v, PlannedItem):
             out.append(v)
@@ -89,6 +100,5 @@ def decode_items(items: list[Any]) -> tuple[list[np.ndarray], str | None]:
         except BadSampleError as exc:
             out.append(v.blank().pixel_values)
             if failure is None:
-                failure = f"{exc.reason} at {exc.where}" + (f": {exc.detail}"
-                                                            if exc.detail else "")
+                failure = exc
     return out, failure
