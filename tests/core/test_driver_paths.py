@@ -41,3 +41,25 @@ def test_a_group_of_pointers_is_sent_as_it_is_and_one_with_arrays_is_not():
         assert back[:8] == pointers and (back[8].payload["tokens"] == big).all()
     finally:
         shm.discard(packed)
+
+
+def test_pipe_watch_reports_data_hang_ups_and_ended_processes():
+    import multiprocessing as mp
+
+    from zephon_core.engine.pipe_sender import PipeWatch
+
+    watch = PipeWatch()
+    a_r, a_w = mp.Pipe(duplex=False)
+    b_r, b_w = mp.Pipe(duplex=False)
+    assert watch.wait([a_r, b_r], 0.01) == []
+    b_w.send_bytes(b"x")
+    assert watch.wait([a_r, b_r], 1.0) == [b_r]
+    b_r.recv_bytes()
+    a_w.close()  # a hang-up is ready too, as for multiprocessing's wait
+    assert watch.wait([a_r, b_r], 1.0) == [a_r]
+    p = mp.get_context("fork").Process(target=int)
+    p.start()
+    p.join()
+    assert watch.wait([b_r, p.sentinel], 1.0) == [p.sentinel]  # a new set: built again
+    for c in (a_r, b_r, b_w):
+        c.close()
