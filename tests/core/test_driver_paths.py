@@ -63,3 +63,25 @@ def test_pipe_watch_reports_data_hang_ups_and_ended_processes():
     assert watch.wait([b_r, p.sentinel], 1.0) == [p.sentinel]  # a new set: built again
     for c in (a_r, b_r, b_w):
         c.close()
+
+
+def _nesting(obj) -> int:
+    if isinstance(obj, dict):
+        return 1 + max((_nesting(v) for v in obj.values()), default=0)
+    if isinstance(obj, list):
+        return 1 + max((_nesting(v) for v in obj), default=0)
+    return 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(obj=json_values)
+def test_json_depth_with_its_flat_record_short_cut(obj):
+    from zephon_core.common.jsontext import depth
+
+    assert depth(obj) == _nesting(obj)
