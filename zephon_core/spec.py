@@ -6,13 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from zephon_core.data.sources import Dataset, Phase, ShuffleSettings, phase_weights
 from zephon_core.errors import ConfigError
 from zephon_core.ops.contract import CombinerOp, Operator, Row
-from zephon_core.ops.pack import text_row_arrays
+from zephon_core.ops.pack import text_rows_arrays
 from zephon_core.ops.row_transform import RowTransform
 
 
@@ -27,8 +26,8 @@ class TextCollate:
         return {"type": "text", "seq_len": self.seq_len, "pad_id": self.pad_id}
 
     def __call__(self, rows: list[Row]) -> dict[str, torch.Tensor]:
-        arrays = [text_row_arrays(r, self.seq_len, self.pad_id) for r in rows]
-        return {k: torch.from_numpy(np.stack([a[k] for a in arrays])) for k in arrays[0]}
+        arrays = text_rows_arrays(rows, self.seq_len, self.pad_id)
+        return {k: torch.from_numpy(a) for k, a in arrays.items()}
 
 
 Collate = Callable[[list[Row]], dict[str, Any]]

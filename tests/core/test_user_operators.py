@@ -100,7 +100,7 @@ def test_random_user_ops_same_batches_in_worker_processes(files) -> None:
                    prefetch_steps=0)
     with Loader(_recipe(files), 0, 1, ex) as loader:
         stages = {s.name: s.runner_kind for s in loader.plan.stages if s.kind == "transform"}
-        assert stages["read+cut+no_sevens+tokenize"] == "processes", stages
+        assert stages["read+cut+no_sevens+tokenize+min_tokens"] == "processes", stages
         got = [batch_digest(next(loader)) for _ in range(STEPS)]
     assert got == _digests(files, 1)
 

@@ -21,7 +21,12 @@ def _splitmix64(x: int) -> int:
 
 def derive(*parts: int) -> int:
     """A 64-bit key from a tuple of integers; stable across processes and versions."""
-    h = 0x6A09E667F3BCC908
+    return derive_from(0x6A09E667F3BCC908, *parts)
+
+
+def derive_from(h: int, *parts: int) -> int:
+    """Continue a key: ``derive(*a, *b) == derive_from(derive(*a), *b)``, so a caller that
+    derives many keys with the same first parts hashes those once."""
     for p in parts:
         h = _splitmix64(h ^ (int(p) & _MASK))
     return h

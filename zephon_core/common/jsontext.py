@@ -22,7 +22,14 @@ def is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+#: JSON values that hold nothing
+_FLAT = (str, int, float, bool, type(None))
+
+
 def depth(obj: Any) -> int:
+    """How deeply `obj` nests dicts and lists (a scalar: 0)."""
+    if type(obj) is dict and all(type(v) in _FLAT for v in obj.values()):
+        return 1  # the usual record ({"id": ..., "text": ...}), without the walk
     deepest, stack = 0, [(obj, 1)]
     while stack:
         node, d = stack.pop()

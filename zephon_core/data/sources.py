@@ -25,6 +25,7 @@ phase's mixture is exact from its first draw. See docs/elastic-changes.md.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,13 +101,15 @@ class DatasetOrder:
             self._cache.move_to_end(key)
         return found
 
-    def _shard_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def _shard_layout(self, epoch: int) -> tuple[list[int], list[int]]:
         def make():
             n = len(self.sizes)
             order = (rng(self.seed, self.dataset, epoch, 1).permutation(n)
                      if self.shuffle.shards else np.arange(n))
+            # Python lists: one sample's lookup is a bisect and two items, and numpy's
+            # per-call cost on arrays this small is most of a draw's time in the driver
             ends = np.cumsum(self.sizes[order])
-            return order, ends
+            return order.tolist(), ends.tolist()
         return self._cached(("layout", epoch), make)
 
     def _block_perm(self, epoch: int) -> np.ndarray | None:
@@ -135,9 +138,9 @@ class DatasetOrder:
             if b < len(blocks):
                 offset = int(blocks[b]) * bs + r
         order, ends = self._shard_layout(epoch)
-        slot = int(np.searchsorted(ends, offset, side="right"))
-        shard = int(order[slot])
-        local = offset - (int(ends[slot - 1]) if slot else 0)
+        slot = bisect.bisect_right(ends, offset)
+        shard = order[slot]
+        local = offset - (ends[slot - 1] if slot else 0)
         if self.shuffle.within_shard:
             local = int(self._within(epoch, shard)[local])
         return shard, local, epoch
@@ -345,7 +348,7 @@ class LaneSource:
         else:
             n, counts = st.draws - st.phase_start + 1, st.phase_counts
         deficits = [n * w - c for w, c in zip(self.weights, counts, strict=True)]
-        return int(np.argmax(deficits))
+        return max(range(len(deficits)), key=deficits.__getitem__)  # the first largest
 
     def next(self) -> Origin | None:
         """The next origin of this lane, or None at the end of the data."""

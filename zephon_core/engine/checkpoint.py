@@ -140,6 +140,15 @@ def lane_changes_of(state: Any) -> list[tuple[int, int, int]]:
     return [(int(s), int(a), int(b)) for s, a, b in found]
 
 
+def _own(data: Any) -> Any:
+    """A copy of JSON data's dicts and lists (anything else is immutable and kept)."""
+    if isinstance(data, dict):
+        return {k: _own(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_own(v) for v in data]
+    return data
+
+
 def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: int,
                resized: list[tuple[int, int]] | None = None,
                lane_changes: list[tuple[int, int, int]] | None = None) -> dict:
@@ -150,7 +159,9 @@ def make_state(fingerprint: dict, step: int, lanes: dict[int, dict], num_lanes: 
         "fingerprint_sha256": fingerprint_digest(fingerprint),
         "num_lanes": num_lanes,
         "step": step,
-        "lanes": {str(k): {**v, "lane": k} for k, v in sorted(lanes.items())},
+        # copies: a lane's snapshot shares unchanging parts with the live lane (the shuffle
+        # buffer's origin lists), and a state is the caller's to change
+        "lanes": {str(k): {**_own(v), "lane": k} for k, v in sorted(lanes.items())},
     }
     if resized:
         state[RESIZED_KEY] = [[s, g] for s, g in resized]

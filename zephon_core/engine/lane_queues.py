@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from zephon_core.common.hashing import derive
+from zephon_core.common.hashing import derive, derive_from
 from zephon_core.engine.kinds import StageKind
 from zephon_core.engine.lane_hooks import LaneHooks
 from zephon_core.engine.plan import Plan
@@ -46,6 +47,13 @@ def payload_tokens(payload: Any) -> int:
 def element_key(seed: int, o: Origin) -> int:
     """Per-element randomness key: depends on the sample and epoch, not on lane or grouping."""
     return derive(seed, _KEY_SALT, o.dataset, o.shard, o.index, o.epoch)
+
+
+def element_keys(seed: int) -> Callable[[Origin], int]:
+    """`element_key` with `seed` bound: the seed and salt are hashed once, not per element
+    (`derive_from`); the same keys."""
+    start = derive(seed, _KEY_SALT)
+    return lambda o: derive_from(start, o.dataset, o.shard, o.index, o.epoch)
 
 
 class Group:
@@ -171,6 +179,7 @@ class LaneQueues:
         self.lane = lane
         self._plan = plan
         self._seed = seed
+        self._key = element_keys(seed)
         self._runners = runners
         self._hooks = hooks
         self.stages = plan.stages
@@ -270,7 +279,7 @@ class LaneQueues:
         element's randomness key comes from its origin, never from the grouping."""
         n = min(size, len(st.waiting))
         take = [st.waiting.popleft() for _ in range(n)]
-        elements = [Element(element_key(self._seed, o), p, o) for o, p in take]
+        elements = [Element(self._key(o), p, o) for o, p in take]
         observed = self._hooks.watched
         submitted = time.monotonic() if observed else 0.0
         group = Group([o for o, _ in take], self._runners[i].submit(elements), submitted,

@@ -310,7 +310,7 @@ class Loader(BackgroundSteps, LoaderEnd):
                 break
             self._pump_lanes()
             if stall is not None:
-                now, rows = time.monotonic(), sum(run.stats().rows_made for run in self._runs)
+                now, rows = time.monotonic(), sum(run.rows_made for run in self._runs)
                 if rows != made:
                     made, since = rows, now
                 elif now - since >= stall:

@@ -52,6 +52,22 @@ def unknown_operators(ops: list[Operator], execution: Execution) -> str:
             f"operators with workers: {', '.join(transforms)}")
 
 
+def runner_of(op: Transform, execution: Execution, last: Stage | None) -> tuple[RunnerKind, int]:
+    """Where transform `op` runs, after stage `last`: `Execution.runner_for`, except that an
+    operator that rides along (``rides_along = True``: a cheap map such as `MinTokens`)
+    under ``runner="auto"``, with no runner or worker count of its own, runs where the
+    transform stage before it runs, and so in the same worker call. In the driver its work
+    is a few instructions, but a stage of its own costs the driver a group, a future and a
+    hand-over per group, and a key, two queue moves and a hook call per element."""
+    kind, workers = execution.runner_for(op)
+    own = op.name in execution.runners or (isinstance(execution.workers, dict)
+                                           and op.name in execution.workers)
+    if (getattr(op, "rides_along", False) and execution.runner == "auto" and not own
+            and last is not None and last.kind is StageKind.TRANSFORM):
+        return last.runner_kind, last.workers
+    return kind, workers
+
+
 class Plan:
     """Operators compiled into stages: fused transforms, accumulators, the combiner, then
     the row transforms (`row_ops`, `RowTransform`: stateless work on each finished row)."""
@@ -78,8 +94,8 @@ class Plan:
         self.stages: list[Stage] = []
         for op in ops:
             if isinstance(op, Transform):
-                kind, workers = execution.runner_for(op)
                 last = self.stages[-1] if self.stages else None
+                kind, workers = runner_of(op, execution, last)
                 if (execution.fuse and last is not None and last.kind is StageKind.TRANSFORM
                         and (last.runner_kind, last.workers) == (kind, workers)):
                     last.ops.append(op)

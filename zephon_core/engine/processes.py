@@ -21,12 +21,12 @@ import uuid
 import weakref
 from collections import deque
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from zephon_core.engine import shm
 from zephon_core.engine.kinds import RunnerKind
-from zephon_core.engine.pipe_sender import PipeSender
+from zephon_core.engine.pipe_sender import PipeSender, PipeWatch
 from zephon_core.engine.process_failures import WorkerFailures
 from zephon_core.engine.runner_base import CpuMeter, Runner
 from zephon_core.engine.workers import (
@@ -101,6 +101,7 @@ class ProcessRunner(Runner, WorkerFailures):
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         #: writes the groups to the workers, so the dispatcher never waits on a full pipe
         self._sender = PipeSender(name)
+        self._watch = PipeWatch()
         #: a wake-up byte is on its way to the dispatcher (guarded by `_lock`)
         self._woken = False
         self._procs: list[Any] = [None] * workers
@@ -334,11 +335,12 @@ class ProcessRunner(Runner, WorkerFailures):
                         if c is not None and not c.closed]
                 conns = [c for c, _ in live]
                 sentinels = [p.sentinel for _, p in live]
-            ready = wait([self._wake_r, *conns, *sentinels], timeout=self._wait_s())
+            ready = self._watch.wait([self._wake_r, *conns, *sentinels], self._wait_s())
+            # a worker's death makes its sentinel ready (and it stays ready until seen)
+            ended = {obj for obj in ready if isinstance(obj, int)}
             for obj in ready:
-                if obj is self._wake_r:
-                    while self._wake_r.poll():
-                        self._wake_r.recv_bytes()
+                if obj is self._wake_r:  # one byte a read; another pending wakes the next wait
+                    self._wake_r.recv_bytes()
                 elif isinstance(obj, Connection):
                     self._receive(obj)
             self._reap_retired()
@@ -347,7 +349,7 @@ class ProcessRunner(Runner, WorkerFailures):
                     break
                 if self._conns[i].closed or i in self._stopping:  # retired: being removed
                     continue
-                if not p.is_alive():
+                if p.sentinel in ended and not p.is_alive():
                     self._restart(i)
                 elif self._overdue(i):
                     p.kill()

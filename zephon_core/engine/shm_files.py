@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zephon_core.common.leaves import SCALARS, map_leaves
-from zephon_core.records import Origin, Pointer
+from zephon_core.records import Element, Origin, Pointer
 
 SHM_DIR = Path("/dev/shm")
 MIN_BYTES = 4096
@@ -82,8 +82,17 @@ def _is_ref(obj: Any) -> bool:
     return isinstance(obj, _ArrayRef)
 
 
+def _plain_elements(obj: Any) -> bool:
+    """`obj` is a group of elements whose payloads are pointers (or other plain values): the
+    usual group sent to a first stage, which holds no array to look for."""
+    return type(obj) is list and all(type(e) is Element and type(e.payload) in _PLAIN
+                                     and type(e.origin) in _PLAIN for e in obj)
+
+
 def _collect(obj: Any) -> tuple[Any, list[np.ndarray], int]:
     """Swap large arrays for references at aligned offsets; returns (body, arrays, bytes)."""
+    if _plain_elements(obj):
+        return obj, [], 0
     arrays: list[np.ndarray] = []
     offset = 0
 

@@ -185,18 +185,44 @@ class Packer(RowPacker):
         self._place(Segment(origin, payload, start, n), costs)
         return None
 
-    def _place(self, seg: Segment, costs: dict[str, int]) -> None:
-        candidates = [i for i, b in enumerate(self.bins) if self._fits(b, costs)]
-        if candidates:
-            if self.op.mode == "first_fit":
-                i = candidates[0]
-            else:
-                def slack(j: int) -> int:
-                    after = self._after(self.bins[j], costs)
-                    return self.op.seq_len - after["tokens"] - self._reserve(after)
+    def _pick(self, costs: dict[str, int]) -> int | None:
+        """The open bin a document with `costs` goes to (None: it fits none)."""
+        if self.op.filler is None and len(costs) == 1:
+            return self._pick_by_tokens(costs["tokens"])
+        return self._pick_by_costs(costs)
 
-                i = min(candidates, key=lambda j: (slack(j), j))
-        else:
+    def _pick_by_tokens(self, n: int) -> int | None:
+        """`_pick_by_costs` for a document that costs only its `n` tokens, in a packer
+        without a filler: a bin fits while its tokens + `n` fit the row, and the best fit
+        is the fullest such bin (the first of equals). Integer arithmetic, no dicts: this
+        runs for every text document in the driver."""
+        room = self.op.seq_len - n
+        best, best_used = None, -1
+        for j, b in enumerate(self.bins):
+            used = b.used.get("tokens", 0)
+            if used <= room:
+                if self.op.mode == "first_fit":
+                    return j
+                if used > best_used:
+                    best, best_used = j, used
+        return best
+
+    def _pick_by_costs(self, costs: dict[str, int]) -> int | None:
+        candidates = [i for i, b in enumerate(self.bins) if self._fits(b, costs)]
+        if not candidates:
+            return None
+        if self.op.mode == "first_fit":
+            return candidates[0]
+
+        def slack(j: int) -> int:
+            after = self._after(self.bins[j], costs)
+            return self.op.seq_len - after["tokens"] - self._reserve(after)
+
+        return min(candidates, key=lambda j: (slack(j), j))
+
+    def _place(self, seg: Segment, costs: dict[str, int]) -> None:
+        i = self._pick(costs)
+        if i is None:
             if len(self.bins) >= self.op.max_open_bins:
                 fullest = max(range(len(self.bins)), key=lambda j: (self.bins[j].tokens(), -j))
                 self.ready.append(self.bins.pop(fullest).segments)
@@ -244,6 +270,24 @@ def text_row_arrays(row: Row, seq_len: int, pad_id: int) -> dict[str, np.ndarray
     inp = np.full(seq_len, pad_id, dtype=np.int64)
     lab = np.full(seq_len, IGNORE_INDEX, dtype=np.int64)
     pos = np.zeros(seq_len, dtype=np.int64)
+    _fill_text_row(row, inp, lab, pos)
+    return {"input": inp, "labels": lab, "positions": pos}
+
+
+def text_rows_arrays(rows: list[Row], seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """`text_row_arrays` of `rows`, stacked (``[len(rows), seq_len]`` each): each row is
+    written into its line of one array, not made apart and copied by a stack."""
+    shape = (len(rows), seq_len)
+    inp = np.full(shape, pad_id, dtype=np.int64)
+    lab = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+    pos = np.zeros(shape, dtype=np.int64)
+    for i, row in enumerate(rows):
+        _fill_text_row(row, inp[i], lab[i], pos[i])
+    return {"input": inp, "labels": lab, "positions": pos}
+
+
+def _fill_text_row(row: Row, inp: np.ndarray, lab: np.ndarray, pos: np.ndarray) -> None:
+    """Write `row`'s segments into `inp`, `lab` and `pos` (filled with pad, -100 and 0)."""
     at = 0
     for s in row.segments:
         toks = np.asarray(s.payload["tokens"][s.start:s.end])
@@ -257,4 +301,3 @@ def text_row_arrays(row: Row, seq_len: int, pad_id: int) -> dict[str, np.ndarray
                 nxt = np.where(np.asarray(targets[s.start + 1:s.end]), nxt, IGNORE_INDEX)
             lab[at:at + n - 1] = nxt
         at += n
-    return {"input": inp, "labels": lab, "positions": pos}

@@ -41,11 +41,22 @@ class Shuffle(AccumulatorOp):
 
 
 class _ShuffleBuffer(Accumulator):
+    """The buffer, and beside it its origins as the state lists them.
+
+    The lane takes a snapshot after every step: building the buffer's 1,024 origin lists
+    each time cost the driver about half of its CPU on text (the lists, and the full
+    garbage collections they set off). Each origin's list is made once, when it arrives,
+    and moved with it; a state copies only the outer list (its items are never changed
+    in place: an item leaves the list, it is not edited).
+    """
+
     def __init__(self, size: int, seed: int, lane: int) -> None:
         self.size = size
         self.seed = seed
         self.lane = lane
         self.buffer: list[tuple[Origin, Any]] = []
+        #: ``[list(origin) for origin, _ in buffer]``, kept in step with it
+        self._listed: list[list[int]] = []
         self.emitted = 0
 
     def _take(self) -> tuple[Origin, Any]:
@@ -53,18 +64,21 @@ class _ShuffleBuffer(Accumulator):
         item = self.buffer[i]
         self.buffer[i] = self.buffer[-1]
         self.buffer.pop()
+        self._listed[i] = self._listed[-1]
+        self._listed.pop()
         self.emitted += 1
         return item
 
     def push(self, item: tuple[Origin, Any]) -> list[tuple[Origin, Any]]:
         self.buffer.append(item)
+        self._listed.append(list(item[0]))
         return [self._take()] if len(self.buffer) > self.size else []
 
     def flush(self) -> list[tuple[Origin, Any]]:
         return [self._take() for _ in range(len(self.buffer))]
 
     def state(self) -> dict:
-        return {"emitted": self.emitted, "buffer": [list(o) for o, _ in self.buffer]}
+        return {"emitted": self.emitted, "buffer": list(self._listed)}
 
     def held_origins(self) -> list[Origin]:
         return [o for o, _ in self.buffer]
@@ -73,3 +87,4 @@ class _ShuffleBuffer(Accumulator):
         self.emitted = int(state["emitted"])
         origins = [Origin(*o) for o in state["buffer"]]
         self.buffer = list(zip(origins, recompute(origins), strict=True))
+        self._listed = [list(o) for o in origins]

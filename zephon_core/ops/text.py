@@ -356,7 +356,13 @@ def _where(e: Element) -> str:
 
 
 class MinTokens(Transform):
-    """Drop documents with fewer than `n` tokens (recorded as ``too_short``)."""
+    """Drop documents with fewer than `n` tokens (recorded as ``too_short``).
+
+    It rides along (`engine.plan.runner_of`): by default it runs in the same worker call
+    as the transform before it (the tokenizer), not as a stage of its own in the driver.
+    """
+
+    rides_along = True
 
     def __init__(self, n: int, name: str = "min_tokens") -> None:
         self.n = n
