@@ -130,8 +130,10 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: i
     per layer for 2048 tokens). Within a chunk the updates of the tokens are
     one unit-lower-triangular system (each token's correction depends on the
     earlier tokens' of its document through ``beta_j * exp(G_j - G_m) * (k_j .
-    k_m)``, with ``G`` the cumulative log decay), so a chunk is a few matrix
-    products and one triangular solve, and only the state crosses chunks.
+    k_m)``, with ``G`` the cumulative log decay). Its solution is linear in the
+    state ``S`` the chunk starts from (``w = U - W S``), so every chunk's
+    system is solved at once, batched, and only ``S`` goes from chunk to chunk
+    (a few products of ``(H, K, V)`` tensors each).
 
     Chunks are cut from the whole packed sequence, not per document: a packed
     row's padding is hundreds of one-token documents, and a loop over documents
@@ -143,34 +145,44 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: i
     """
     dtype = v.dtype
     q, k, v, g, beta, bounds = _delta_rule_inputs(q, k, v, g, beta, cu_seqlens_host)
-    H, K = q.shape[2:]
-    doc, first = _documents(bounds, q.device)
-    outs = []
-    state = q.new_zeros(H, K, v.shape[-1])
-    for c0 in range(0, bounds[-1] - bounds[0], chunk):
-        c1 = min(c0 + chunk, bounds[-1] - bounds[0])
-        qc, kc, vc = (x[0, bounds[0] + c0:bounds[0] + c1].transpose(0, 1) for x in (q, k, v))
-        gc, bc = (x[0, bounds[0] + c0:bounds[0] + c1].transpose(0, 1) for x in (g, beta))
-        d = doc[c0:c1]
-        carried = (first[c0:c1] < c0).to(q.dtype)  # the document began in an earlier chunk
-        n = c1 - c0
-        cum = gc.cumsum(-1)
-        seen = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() & \
-            (d.unsqueeze(-1) == d.unsqueeze(-2))
-        gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
-        decay = torch.exp(gap.masked_fill(~seen, -torch.inf))
-        start = (torch.exp(cum) * carried).unsqueeze(-1)
-        system = (bc.unsqueeze(-1) * decay * (kc @ kc.transpose(-1, -2))).tril(-1)
-        system = system + torch.eye(n, dtype=system.dtype, device=q.device)
-        rhs = bc.unsqueeze(-1) * (vc - start * (kc @ state))
-        w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        outs.append((start * (qc @ state) + ((qc @ kc.transpose(-1, -2)) * decay) @ w)
-                    .transpose(0, 1))
-        last = (d == d[-1]).to(q.dtype)  # the tokens of the document the state goes on with
-        to_end = (torch.exp(cum[:, -1:] - cum) * last).unsqueeze(-1)
-        state = (torch.exp(cum[:, -1]).view(H, 1, 1) * carried[-1] * state
-                 + kc.transpose(-1, -2) @ (to_end * w))
-    return torch.cat(outs, 0).unsqueeze(0).to(dtype)
+    n, (H, K), V = bounds[-1] - bounds[0], q.shape[2:], v.shape[-1]
+    N = -(-n // chunk)  # chunks; the last one padded with a document of zeros
+    doc, first = _documents([*bounds, bounds[0] + N * chunk], q.device)
+
+    def chunks(x):  # (1, T, H[, D]) -> (N, H, chunk[, D])
+        x = x[0, bounds[0]:bounds[-1]]
+        x = F.pad(x, [0, 0] * (x.dim() - 1) + [0, N * chunk - n]).unflatten(0, (N, chunk))
+        return x.transpose(1, 2)
+
+    q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
+    doc = doc.view(N, 1, chunk)
+    # the document began in an earlier chunk: the state reaches it
+    carried = (first.view(N, 1, chunk) < torch.arange(N, device=q.device).view(N, 1, 1) * chunk
+               ).to(q.dtype)
+    cum = g.cumsum(-1)  # (N, H, C)
+    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril() & \
+        (doc.unsqueeze(-1) == doc.unsqueeze(-2))
+    gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
+    decay = torch.exp(gap.masked_fill(~seen, -torch.inf))
+    start = (torch.exp(cum) * carried).unsqueeze(-1)
+    system = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)
+    system = system + torch.eye(chunk, dtype=system.dtype, device=q.device)
+    b = beta.unsqueeze(-1)
+    uw = torch.linalg.solve_triangular(system, torch.cat([b * v, b * start * k], -1),
+                                       upper=False, unitriangular=True)
+    U, W = uw[..., :V], uw[..., V:]  # w = U - W S
+    P = (q @ k.transpose(-1, -2)) * decay
+    last = (doc == doc[..., -1:]).to(q.dtype)  # the tokens of the document that goes on
+    to_end = (torch.exp(cum[..., -1:] - cum) * last).unsqueeze(-1)
+    kt = k.transpose(-1, -2)
+    B, M = kt @ (to_end * U), kt @ (to_end * W)  # S' = keep S + B - M S
+    keep = (torch.exp(cum[..., -1]) * carried[..., -1]).view(N, H, 1, 1)
+    states = [q.new_zeros(H, K, V)]
+    for c in range(N - 1):
+        S = states[-1]
+        states.append(keep[c] * S + B[c] - M[c] @ S)
+    out = P @ U + (start * q - P @ W) @ torch.stack(states)  # (N, H, C, V)
+    return out.transpose(1, 2).flatten(0, 1)[:n].unsqueeze(0).to(dtype)
 
 
 def _gated_delta_kernel_forward(self, xq, xk, xv, g, beta, *, cu_seqlens=None,
