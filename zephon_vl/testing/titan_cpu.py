@@ -122,6 +122,32 @@ def _documents(bounds: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
     return doc, first[doc]
 
 
+def _chunk_solutions(q, k, v, g, beta, doc, carried):
+    """Every chunk's system at once (inputs ``(N, H, C[, D])``): the token
+    corrections are ``w = U - W S`` for the state ``S`` the chunk starts from, the
+    outputs ``P w + start * (q S)``, and the state after the chunk ``keep * S + B -
+    M S``."""
+    chunk, V = q.shape[2], v.shape[-1]
+    cum = g.cumsum(-1)  # (N, H, C)
+    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril() & \
+        (doc.unsqueeze(-1) == doc.unsqueeze(-2))
+    gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
+    decay = torch.exp(gap.masked_fill(~seen, -torch.inf))
+    start = (torch.exp(cum) * carried).unsqueeze(-1)
+    system = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)
+    system = system + torch.eye(chunk, dtype=system.dtype, device=q.device)
+    b = beta.unsqueeze(-1)
+    uw = torch.linalg.solve_triangular(system, torch.cat([b * v, b * start * k], -1),
+                                       upper=False, unitriangular=True)
+    U, W = uw[..., :V], uw[..., V:]
+    P = (q @ k.transpose(-1, -2)) * decay
+    last = (doc == doc[..., -1:]).to(q.dtype)  # the tokens of the document that goes on
+    to_end = (torch.exp(cum[..., -1:] - cum) * last).unsqueeze(-1)
+    kt = k.transpose(-1, -2)
+    keep = (torch.exp(cum[..., -1]) * carried[..., -1]).unsqueeze(-1).unsqueeze(-1)
+    return P, U, W, start, kt @ (to_end * U), kt @ (to_end * W), keep
+
+
 def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: int = 64):
     """The gated delta rule of :func:`naive_gated_delta_rule`, a chunk of tokens at a time.
 
@@ -159,24 +185,7 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: i
     # the document began in an earlier chunk: the state reaches it
     carried = (first.view(N, 1, chunk) < torch.arange(N, device=q.device).view(N, 1, 1) * chunk
                ).to(q.dtype)
-    cum = g.cumsum(-1)  # (N, H, C)
-    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril() & \
-        (doc.unsqueeze(-1) == doc.unsqueeze(-2))
-    gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
-    decay = torch.exp(gap.masked_fill(~seen, -torch.inf))
-    start = (torch.exp(cum) * carried).unsqueeze(-1)
-    system = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)
-    system = system + torch.eye(chunk, dtype=system.dtype, device=q.device)
-    b = beta.unsqueeze(-1)
-    uw = torch.linalg.solve_triangular(system, torch.cat([b * v, b * start * k], -1),
-                                       upper=False, unitriangular=True)
-    U, W = uw[..., :V], uw[..., V:]  # w = U - W S
-    P = (q @ k.transpose(-1, -2)) * decay
-    last = (doc == doc[..., -1:]).to(q.dtype)  # the tokens of the document that goes on
-    to_end = (torch.exp(cum[..., -1:] - cum) * last).unsqueeze(-1)
-    kt = k.transpose(-1, -2)
-    B, M = kt @ (to_end * U), kt @ (to_end * W)  # S' = keep S + B - M S
-    keep = (torch.exp(cum[..., -1]) * carried[..., -1]).view(N, H, 1, 1)
+    P, U, W, start, B, M, keep = _chunk_solutions(q, k, v, g, beta, doc, carried)
     states = [q.new_zeros(H, K, V)]
     for c in range(N - 1):
         S = states[-1]
