@@ -143,7 +143,9 @@ def test_readme_cpu_command_trains_checkpoints_and_resumes_at_d1(words, tmp_path
     f = flags(words)
     steps, every = int(f["--training.steps"]), int(f["--checkpoint.interval"])
     assert int(f["--nproc_per_node"]) == 2 and "--checkpoint.enable" in words
-    assert steps >= 5 and every < steps
+    # at least two steps before the checkpoint (past the first step's state) and two after
+    # it (the resume goes on, not only its first batch)
+    assert every >= 2 and steps - every >= 2
     losses, _ = run(words, tmp_path / "d2", timeout=1500)
     assert sorted(losses) == list(range(1, steps + 1))
     saved = tmp_path / "d2" / "checkpoint" / f"step-{every}"

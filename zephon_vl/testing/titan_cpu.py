@@ -112,6 +112,42 @@ def naive_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None):
     return torch.stack(outs, 0).unsqueeze(0).to(dtype)
 
 
+def _documents(bounds: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the tokens ``[bounds[0], bounds[-1])``: each one's document number and its
+    document's first token (both relative to ``bounds[0]``)."""
+    lengths = torch.tensor([e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)],
+                           device=device)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    first = torch.tensor(bounds[:-1], device=device) - bounds[0]
+    return doc, first[doc]
+
+
+def _chunk_solutions(q, k, v, g, beta, doc, carried):
+    """Every chunk's system at once (inputs ``(N, H, C[, D])``): the token
+    corrections are ``w = U - W S`` for the state ``S`` the chunk starts from, the
+    outputs ``P w + start * (q S)``, and the state after the chunk ``keep * S + B -
+    M S``."""
+    chunk, V = q.shape[2], v.shape[-1]
+    cum = g.cumsum(-1)  # (N, H, C)
+    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril() & \
+        (doc.unsqueeze(-1) == doc.unsqueeze(-2))
+    gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
+    decay = torch.exp(gap.masked_fill(~seen, -torch.inf))
+    start = (torch.exp(cum) * carried).unsqueeze(-1)
+    system = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)
+    system = system + torch.eye(chunk, dtype=system.dtype, device=q.device)
+    b = beta.unsqueeze(-1)
+    uw = torch.linalg.solve_triangular(system, torch.cat([b * v, b * start * k], -1),
+                                       upper=False, unitriangular=True)
+    U, W = uw[..., :V], uw[..., V:]
+    P = (q @ k.transpose(-1, -2)) * decay
+    last = (doc == doc[..., -1:]).to(q.dtype)  # the tokens of the document that goes on
+    to_end = (torch.exp(cum[..., -1:] - cum) * last).unsqueeze(-1)
+    kt = k.transpose(-1, -2)
+    keep = (torch.exp(cum[..., -1]) * carried[..., -1]).unsqueeze(-1).unsqueeze(-1)
+    return P, U, W, start, kt @ (to_end * U), kt @ (to_end * W), keep
+
+
 def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: int = 64):
     """The gated delta rule of :func:`naive_gated_delta_rule`, a chunk of tokens at a time.
 
@@ -119,37 +155,43 @@ def chunked_gated_delta_rule(q, k, v, g, beta, *, cu_seqlens_host=None, chunk: i
     layer, and its backward was most of a qwen3_5 CPU training step (about 9 s
     per layer for 2048 tokens). Within a chunk the updates of the tokens are
     one unit-lower-triangular system (each token's correction depends on the
-    earlier tokens' through ``beta_j * exp(G_j - G_m) * (k_j . k_m)``, with
-    ``G`` the cumulative log decay), so a chunk is a few matrix products and
-    one triangular solve, and only the state crosses chunks. Same inputs and
-    result as the naive rule (float32 rounding apart: the tests compare the two).
+    earlier tokens' of its document through ``beta_j * exp(G_j - G_m) * (k_j .
+    k_m)``, with ``G`` the cumulative log decay). Its solution is linear in the
+    state ``S`` the chunk starts from (``w = U - W S``), so every chunk's
+    system is solved at once, batched, and only ``S`` goes from chunk to chunk
+    (a few products of ``(H, K, V)`` tensors each).
+
+    Chunks are cut from the whole packed sequence, not per document: a packed
+    row's padding is hundreds of one-token documents, and a loop over documents
+    spent most of a CPU step on them. Document boundaries are masks instead: a
+    token sees the earlier tokens of its own document only, the state reaches a
+    token only if its document began before the chunk, and only the chunk's last
+    document carries its state on. Same inputs and result as the naive rule
+    (float32 rounding apart: the tests compare the two).
     """
     dtype = v.dtype
     q, k, v, g, beta, bounds = _delta_rule_inputs(q, k, v, g, beta, cu_seqlens_host)
-    H, K = q.shape[2:]
-    outs = []
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        state = q.new_zeros(H, K, v.shape[-1])
-        for c0 in range(s, e, chunk):
-            c1 = min(c0 + chunk, e)
-            qc, kc, vc = (x[0, c0:c1].transpose(0, 1) for x in (q, k, v))  # (H, C, .)
-            gc, bc = g[0, c0:c1].transpose(0, 1), beta[0, c0:c1].transpose(0, 1)  # (H, C)
-            n = c1 - c0
-            cum = gc.cumsum(-1)
-            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            gap = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # G_i - G_j
-            decay = torch.exp(gap.masked_fill(~causal, -torch.inf))
-            start = torch.exp(cum).unsqueeze(-1)
-            system = (bc.unsqueeze(-1) * decay * (kc @ kc.transpose(-1, -2))).tril(-1)
-            system = system + torch.eye(n, dtype=system.dtype, device=q.device)
-            rhs = bc.unsqueeze(-1) * (vc - start * (kc @ state))
-            w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-            outs.append((start * (qc @ state) + ((qc @ kc.transpose(-1, -2)) * decay) @ w)
-                        .transpose(0, 1))
-            to_end = torch.exp(cum[:, -1:] - cum).unsqueeze(-1)
-            state = (torch.exp(cum[:, -1]).view(H, 1, 1) * state
-                     + kc.transpose(-1, -2) @ (to_end * w))
-    return torch.cat(outs, 0).unsqueeze(0).to(dtype)
+    n, (H, K), V = bounds[-1] - bounds[0], q.shape[2:], v.shape[-1]
+    N = -(-n // chunk)  # chunks; the last one padded with a document of zeros
+    doc, first = _documents([*bounds, bounds[0] + N * chunk], q.device)
+
+    def chunks(x):  # (1, T, H[, D]) -> (N, H, chunk[, D])
+        x = x[0, bounds[0]:bounds[-1]]
+        x = F.pad(x, [0, 0] * (x.dim() - 1) + [0, N * chunk - n]).unflatten(0, (N, chunk))
+        return x.transpose(1, 2)
+
+    q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
+    doc = doc.view(N, 1, chunk)
+    # the document began in an earlier chunk: the state reaches it
+    carried = (first.view(N, 1, chunk) < torch.arange(N, device=q.device).view(N, 1, 1) * chunk
+               ).to(q.dtype)
+    P, U, W, start, B, M, keep = _chunk_solutions(q, k, v, g, beta, doc, carried)
+    states = [q.new_zeros(H, K, V)]
+    for c in range(N - 1):
+        S = states[-1]
+        states.append(keep[c] * S + B[c] - M[c] @ S)
+    out = P @ U + (start * q - P @ W) @ torch.stack(states)  # (N, H, C, V)
+    return out.transpose(1, 2).flatten(0, 1)[:n].unsqueeze(0).to(dtype)
 
 
 def _gated_delta_kernel_forward(self, xq, xk, xv, g, beta, *, cu_seqlens=None,
@@ -173,15 +215,22 @@ def _gated_delta_kernel_forward(self, xq, xk, xv, g, beta, *, cu_seqlens=None,
 
 def causal_conv1d_varlen(x_btd, weight, cu_seqlens, cu_seqlens_cpu):
     """Depthwise causal conv + SiLU with per-document resets (FLA's Triton varlen conv
-    has no CPU path). ``weight``: ``(D, 1, K)``."""
+    has no CPU path). ``weight``: ``(D, 1, K)``.
+
+    ``K`` shifted copies of the whole sequence, each masked where its tap would
+    reach into the previous document, weighted and summed: one conv call per
+    document was most of a CPU step (a packed row's padding is hundreds of
+    one-token documents). Same result as a per-document ``F.conv1d`` (float32
+    rounding apart: the tests compare the two)."""
     kw = weight.shape[-1]
     bounds = cu_seqlens_cpu.tolist()
-    pieces = []
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        seg = F.pad(x_btd[:, s:e].transpose(1, 2), [kw - 1, 0])
-        pieces.append(F.silu(F.conv1d(seg, weight, None, groups=weight.shape[0]))
-                      .transpose(1, 2))
-    return torch.cat(pieces, dim=1)
+    x = x_btd[:, bounds[0]:bounds[-1]]
+    offset = torch.arange(x.shape[1], device=x.device) - _documents(bounds, x.device)[1]
+    out = x * weight[:, 0, kw - 1]
+    for s in range(1, kw):  # the tap s tokens back, zero before the document's start
+        shifted = F.pad(x, [0, 0, s, 0])[:, :x.shape[1]]
+        out = out + shifted * (offset >= s).to(x.dtype).unsqueeze(-1) * weight[:, 0, kw - 1 - s]
+    return F.silu(out)
 
 
 def stub_torchvision() -> None:
