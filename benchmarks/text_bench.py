@@ -263,14 +263,18 @@ def metrics(result: dict, series: Any) -> dict:
 # --- configurations, repetitions, the report --------------------------------------------
 
 def configurations(quick: bool, ncpu: int, families: set[str], peer: dict | None) -> list[dict]:
-    """zephon-vl's default (and, in a full run, its threads runner), the raw limit, and the
-    peer's threads and processes runners (`peer`: its interpreter and work folder; None
-    leaves it out)."""
+    """zephon-vl's default (and, in a full run, its threads runner and 32 documents a
+    group), the raw limit, and the peer's threads and processes runners (`peer`: its
+    interpreter and work folder; None leaves it out)."""
     cfgs = [{"name": "zephon-vl default", "family": "zephon", "params": {}},
             {"name": "raw limit", "family": "limit", "params": {"processes": ncpu}}]
     if not quick:  # the tokenizer releases the GIL: threads share one loaded tokenizer
         cfgs.append({"name": "zephon-vl threads", "family": "zephon",
                      "params": {"execution": {"runner": "threads"}}})
+        # cheap documents: fewer, larger groups halve the driver's per-group work (counted
+        # by scripts/text_driver_cost.py); measured here before it could become a default
+        cfgs.append({"name": "zephon-vl group_size 32", "family": "zephon",
+                     "params": {"execution": {"group_size": 32}}})
     if peer is not None:
         runs = [("threads", ncpu)] if quick else \
             [("threads", ncpu), ("threads", 2), ("process", ncpu)]
