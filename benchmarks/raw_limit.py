@@ -140,9 +140,11 @@ def _worker(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int
 
     pool = None
     try:
-        work.fn.setup()  # the tokenizer, before the clock's steady part, as every loader's
-        pool = SegmentPool(SHM_PREFIX, max_bytes=POOL_BYTES)
-        ready.put(wid)
+        try:
+            work.fn.setup()  # the tokenizer, before the steady part, as every loader's
+            pool = SegmentPool(SHM_PREFIX, max_bytes=POOL_BYTES)
+        finally:
+            ready.put(wid)  # a set-up that failed is reported on `out` below
         start.wait()
         docs = (work.process(*items[i]) for i in iter(lambda: _claim(counter, len(items)),
                                                          None))
