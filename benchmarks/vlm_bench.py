@@ -710,6 +710,13 @@ def report_run(progress: Any, key: str, m: dict, disturbed: bool, elapsed_s: flo
     progress.advance(note=key[:40])
 
 
+def _print_results(md: str, report: dict) -> None:
+    """The tables on stdout; a raw limit that a loader passed on stderr too (a nohup log)."""
+    print(md)
+    for line in limit_warnings(report):
+        _say(f"warning: {line}")
+
+
 def run(args: argparse.Namespace) -> int:
     """The benchmark; the runs' lines show on a terminal only (`report_run`)."""
     from zephon_bench.report import markdown
@@ -947,9 +954,7 @@ def _run(args: argparse.Namespace, progress: Any) -> int:
         charts(report, out)
     except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
         _say(f"  (chart failed: {exc})")
-    print(md)
-    for line in limit_warnings(report):  # in a nohup log too: a ratio to a beaten limit
-        _say(f"warning: {line}")
+    _print_results(md, report)
     _say(f"zephon-vl bench: {report['elapsed_s']:.0f} s; wrote {out / 'bench.json'}, "
          f"{out / 'bench.md'} and the charts")
     if mismatches or failures:
