@@ -22,8 +22,9 @@ hands over the same kind of batch:
   packer as an ``Aggregator``, the collate on SPDL's thread pool;
 * Megatron-Energon: a ``TaskEncoder`` over a crude dataset, the packer in its
   packing hooks, the collate as its ``batch`` (:mod:`zephon_bench.energon_e2e`);
-* the raw limit: the same work, packing and collate in N processes, the
-  batches kept where they were made.
+* the raw limit (:mod:`zephon_bench.raw_limit`): the same work, packing and
+  collate in N processes or threads with no loader, each batch handed to the
+  main process the cheapest way.
 
 A worker's packer sees only its own share of the samples, so rows differ
 between loaders; the check is on what every batch carries: the samples
@@ -33,12 +34,11 @@ between loaders; the check is on what every batch carries: the samples
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
-from zephon_bench.loaders import LastStageWatch, Trace, now, run_shares, zephon_execution
+from zephon_bench.loaders import LastStageWatch, Trace, now, zephon_execution
 from zephon_bench.workload import Work, WorkSpec, sample_checksum
 
 from zephon_core import Dropped, Origin, Pointer
@@ -316,55 +316,12 @@ def run_spdl(spec: WorkSpec, params: dict) -> Trace:
 
 # --- the raw limit ----------------------------------------------------------------
 
-def _limit_worker(work: Work, share: list[tuple[int, Pointer]], ready: Any, start: Any,
-                  out: Any, pixels: bool) -> None:
-    work.fn.setup()
-    ready.put(os.getpid())
-    start.wait()
-    done = []
-    batch: list[tuple[Row, int]] = []
-
-    def collate() -> None:
-        b = collate_rows(work, batch)
-        ids, dropped = _side(b)
-        done.append((now(), ids, dropped, int(b["grid_thw"].shape[0]), int(b["input"].shape[0]),
-                     int(b["grid_thw"].prod(dim=1).sum()),
-                     pixel_sum(b["pixel_values"]) if pixels else 0))
-        batch.clear()
-
-    for item in packed_rows(work, (work.process(i, p) for i, p in share)):
-        batch.append(item)
-        if len(batch) == work.spec.batch_rows:
-            collate()
-    if batch:
-        collate()
-    out.put(done)
-
-
 def run_limit(spec: WorkSpec, params: dict) -> Trace:
-    """The same work, packing and collate in N processes; batches stay where they were made.
+    """The raw limit (:mod:`zephon_bench.raw_limit`): the same work, packing and collate
+    with no loader, in processes or threads, each batch handed to the main process."""
+    from zephon_bench.raw_limit import run_limit as run
 
-    The clock starts when every process has loaded its tokenizer.
-    """
-    work = Work.build(spec)
-    procs_n = params.get("processes", os.cpu_count() or 1)
-    trace = Trace()
-    done = run_shares(work, procs_n, _limit_worker, bool(params.get("pixels")))
-    tally = trace.tally
-    trace.t_first = done[0][0]
-    for t, ids, dropped, images, rows, patches, psum in done:
-        tally.samples += len(ids)
-        tally.tokens += int(ids[:, 2].sum())
-        tally.images += images
-        tally.rows += rows
-        tally.dropped += dropped
-        tally.patches += patches
-        tally.pixel_sum = (tally.pixel_sum + psum) % (1 << 64)
-        for shard, index, tok in ids.tolist():
-            tally.checksum = (tally.checksum + sample_checksum(shard, index, tok)) % (1 << 64)
-        trace.events.append([t, len(ids), int(ids[:, 2].sum()), images])
-    trace.extra["processes"] = procs_n
-    return _finish(trace)
+    return run(spec, params)
 
 
 RUNNERS = {"zephon": run_zephon, "grain": run_grain, "torch": run_torch, "spdl": run_spdl,

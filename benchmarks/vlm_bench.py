@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon_bench.above_limit import limit_warnings, mark_above_limit
 from zephon_bench.portable import portable
 
 from zephon_core.extend import atomic_write, usable_cores
@@ -182,8 +183,16 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
     if energon:
         cfgs += [c(f"energon num_workers={w}", "energon", {"workers": w})
                  for w in ([ncpu] if quick else [ncpu, ncpu + 1])]
-    cfgs.append(c(f"raw limit {ncpu} processes", "limit", {"processes": ncpu}))
+    cfgs += limit_configurations(ncpu, c)
     return cfgs
+
+
+def limit_configurations(ncpu: int, c: Any) -> list[dict]:
+    """The raw limit's arrangements (:mod:`zephon_bench.raw_limit`); the best is the limit."""
+    return [c(f"raw limit {ncpu} processes", "limit", {"processes": ncpu}),
+            c(f"raw limit {ncpu} spawned processes", "limit",
+              {"processes": ncpu, "start_method": "spawn"}),
+            c(f"raw limit {ncpu} threads", "limit", {"threads": ncpu})]
 
 
 def _zephon(name: str, scaling: int | None = None, **execution: Any) -> dict:
@@ -515,6 +524,8 @@ def _summarize_e2e(report: dict) -> None:
     stage = worker.get(z, {}).get("samples_per_s")
     e2e = {
         "best": best,
+        # the loaders' configurations whose rate passed the raw limit's (above_limit.py)
+        "above_limit": mark_above_limit(configs, best.get("limit")),
         "samples_per_s": {f: med(n) for f, n in best.items()},
         "zephon_default_samples_per_s": med(z),
         "ratio_vs_grain": _ratio(med(z), med(best.get("grain"))),
@@ -594,6 +605,7 @@ def summarize(report: dict) -> dict:
         return by_name[name]["median"].get("cpu_s_per_sample") if name in by_name else None
 
     report["best"] = best
+    report["above_limit"] = mark_above_limit(configs, best.get("limit"))
     report["best_samples_per_s"] = {f: rate(n) for f, n in best.items()}
     report["ratio_vs_grain"] = _ratio(rate(best.get("zephon")), rate(best.get("grain")))
     report["ratio_vs_limit"] = _ratio(rate(best.get("zephon")), rate(best.get("limit")))
@@ -629,6 +641,7 @@ def summarize(report: dict) -> dict:
         f"{disturbed} run(s) were disturbed by other load on the machine (> {100 * limit:.0f}% "
         "of it busy outside the benchmark); medians use undisturbed runs where a "
         "configuration has any"] if disturbed else []
+    report["warnings"] += limit_warnings(report)
     return report
 
 
@@ -695,6 +708,13 @@ def report_run(progress: Any, key: str, m: dict, disturbed: bool, elapsed_s: flo
                  f"cpu {1000 * (m['cpu_s_per_sample'] or 0):5.1f} ms/sample  "
                  f"outside {100 * m['outside_load']:3.0f}%" + ("  DISTURBED" if disturbed else ""))
     progress.advance(note=key[:40])
+
+
+def _print_results(md: str, report: dict) -> None:
+    """The tables on stdout; a raw limit that a loader passed on stderr too (a nohup log)."""
+    print(md)
+    for line in limit_warnings(report):
+        _say(f"warning: {line}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -934,7 +954,7 @@ def _run(args: argparse.Namespace, progress: Any) -> int:
         charts(report, out)
     except Exception as exc:  # noqa: BLE001 - the numbers matter more than the picture
         _say(f"  (chart failed: {exc})")
-    print(md)
+    _print_results(md, report)
     _say(f"zephon-vl bench: {report['elapsed_s']:.0f} s; wrote {out / 'bench.json'}, "
          f"{out / 'bench.md'} and the charts")
     if mismatches or failures:
