@@ -7,7 +7,7 @@ Three orders of work on the same recipe and data (the demo's real photos and cli
 - ``tokenizer``: planned from headers, decoded by the tokenizer for a sample that fits
   (issue 38 stages 1-2: ``row_ops = []``, ``TokenizeMultimodal.decode_planned``);
 - ``rows``: planned, decoded after the packer by the row transform `DecodePlanned`, for
-  the rows made only (the built-in recipes now).
+  the rows made only (``decode_after_pack = true``).
 
 For each: images and clips decoded over `--steps` steps; after each step the bytes of the
 documents in the open packer bins (``bin_bytes``: finished and not yet in a row, told by a
@@ -100,7 +100,8 @@ class BinBytes(LaneHook):
 def recipe_for(shards: list[str], mode: str):
     image = get_family("qwen3_5").image_settings(max_pixels=512 * 512)
     recipe = vlm_recipe(shards, None, seq_len=4096, global_batch_size=8, num_lanes=4,
-                        image=image, shuffle_buffer=16, pack={"max_open_bins": 8})
+                        image=image, shuffle_buffer=16,
+                        pack={"max_open_bins": 8, "decode_after_pack": True})
     decode = next(o for o in recipe.ops if o.name == "decode")
     tokenize = next(o for o in recipe.ops if o.name == "tokenize")
     if mode == "rows":

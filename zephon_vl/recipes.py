@@ -91,6 +91,10 @@ class VisionPackSettings(PackSettings):
     image_every_row: bool | None = setting(
         None, help="append a small placeholder image to rows without one (guarantee 10; "
         "none: the family's default); a dataset's own image_every_row overrides it")
+    decode_after_pack: bool = setting(
+        False, help="decode images and clips after the packer, for the rows made only "
+        "(DecodePlanned, a row transform): open rows hold encoded bytes and a restore "
+        "decodes nothing; off: decoded before the packer, for the samples that fit a row")
 
 
 #: `vlm_recipe`'s packing keywords before 0.4, now `pack`'s fields (VisionPackSettings)
@@ -147,9 +151,9 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
     ops: list[Any] = [Shuffle(shuffle_buffer)] if shuffle_buffer > 0 else []
     packer = _packer(pack, balance, seq_len, _rows_per_lane(num_lanes, global_batch_size),
                      special.pad, _filler(image, family, special, wants_image))
-    ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack.overlong, on_error,
+    ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack, on_error,
                      family, framing, as_user_ops(operators)), packer]
-    planned = next(o for o in ops if isinstance(o, DecodeVision)).plan
+    planned = next(o for o in ops if isinstance(o, DecodeVision)).plan and pack.decode_after_pack
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
                   name=name,
@@ -216,24 +220,26 @@ def _image_every_row(given: DatasetArg, default: bool) -> tuple[DatasetArg, bool
 
 
 def _stages(datasets: list[Dataset], image: ImageSettings, video: VideoSettings | None,
-            tokenizer: str | os.PathLike, seq_len: int, overlong: str, on_error: str,
+            tokenizer: str | os.PathLike, seq_len: int, pack: VisionPackSettings, on_error: str,
             family: VisionFamily, framing: ChatFraming, user: list[UserOp]) -> list[Any]:
     """The per-sample operators between the shuffle and the packer: read through each
     dataset's format, decode the vision inputs (with the user's ``pixels`` operators),
     tokenize with vision tokens; the user's other operators where they say.
 
     Without user operators after the read, images and clips are planned from their
-    headers (`zephon_vl.media.planned`) and decoded after the packer, for the rows made
-    only (`DecodePlanned`, the recipe's row transform); an operator after ``decode`` or
-    ``tokenize`` sees pixels, so with one every sample is decoded first, as before."""
+    headers (`zephon_vl.media.planned`): the tokenizer decodes a sample only if it fits a
+    row, or, with `pack.decode_after_pack`, nothing is decoded before the packer
+    (`DecodePlanned`, the recipe's row transform, decodes the rows made). An operator
+    after ``decode`` or ``tokenize`` sees pixels, so with one every sample is decoded
+    first."""
     plan = all(u.after == "read" for u in user)
     ops = [
         Read([d.reader for d in datasets], on_error=on_error),
         DecodeVision(image, video, on_error=on_error, pixel_ops=_pixel_ops(user),
                      plan=plan),
-        TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=overlong,
+        TokenizeMultimodal(tokenizer, image.merge_size, seq_len, overlong=pack.overlong,
                            on_error=on_error, family=family, chat=framing,
-                           decode_planned=not plan),
+                           decode_planned=not (plan and pack.decode_after_pack)),
     ]
     return insert_user_ops(ops, [u for u in user if u.after != "pixels"],
                            {"read": "read", "decode": "decode", "tokenize": "tokenize"}, "vlm")

@@ -37,8 +37,7 @@ def test_auto_workers_give_the_batches_of_fixed_workers(name, monkeypatch):
     monkeypatch.setattr(autoscale, "AUTO_WINDOW_S", 0.0)  # a window per step: decide at once
     monkeypatch.setattr(autoscale, "AUTO_MIN_GROUPS", 1)
     fixed = Execution(runner="processes", default_workers=1)
-    # room to move: more workers than process stages (read, decode, tokenize, decode_rows)
-    auto = Execution(runner="processes", workers="auto", fuse=False, default_workers=6)
+    auto = Execution(runner="processes", workers="auto", fuse=False, default_workers=4)
     want, _ = run(name, 1, fixed)  # the same at every D: the loader's promise, tested elsewhere
     moved = 0
     for dp in (1, 2):

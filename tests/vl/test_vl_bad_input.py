@@ -13,11 +13,6 @@ missing caption           a ``.jpg`` without ``.txt``/``.json``        missing_c
 decompression bomb        a PNG whose IHDR claims 100000 x 100000      decompression_bomb
 truncated tar member      the shard file cut inside its last member    truncated_member
 ========================  ===========================================  ====================
-
-The truncated JPEG's header is intact, so its sample is planned and packed before its
-pixels are decoded (docs/design.md): with ``drop`` it keeps its place in its row (a black
-image, no labels) and is recorded as ``decode_failed_after_plan`` (`LATE`); with
-``raise`` the run stops with ``corrupt_image`` as before.
 """
 
 from __future__ import annotations
@@ -47,8 +42,6 @@ EXPECTED = {
     "b_bomb": "decompression_bomb",
     "b_cut": "truncated_member",
 }
-#: with on_error="drop": samples whose pixels fail after their row was made
-LATE = {"b_truncjpg": "decode_failed_after_plan"}
 CAPTION = "A photo that should never reach a training row."
 
 
@@ -173,9 +166,9 @@ def test_drop_records_every_bad_sample_and_keeps_every_good_one(mixed, goods,
     recipe, (ep,) = dropped_d1
     drops = sorted((k, reason) for k, (_, reason) in
                    zip(keyed(recipe, [o for o, _ in ep.drops()]), ep.drops(), strict=True))
-    assert drops == sorted({**EXPECTED, **LATE}.items())
+    assert drops == sorted(EXPECTED.items())
     seen = keyed(recipe, ep.origins())
-    assert sorted(seen) == sorted([*goods, *LATE]), "good samples lost or repeated"
+    assert sorted(seen) == sorted(goods), "good samples lost or repeated"
     # Delivered batches are real VLM batches (the bad samples did not empty them).
     batches = [recipe.collate(rows) for rows in ep.step_rows]
     assert len(batches) >= 2 and all(int(b["grid_thw"].shape[0]) > 0 for b in batches)
@@ -207,8 +200,7 @@ def test_drop_policy_matches_a_clean_dataset(tmp_path, mixed, goods, dropped_d1)
             for s in row.segments:
                 seen[keyed(recipe, [s.origin])[0]] = (t, r, s)
         assert torch.isfinite(batch["pixel_values"]).all()
-    assert set(seen) <= set(goods) | set(LATE)
-    seen = {k: v for k, v in seen.items() if k in goods}
+    assert set(seen) <= set(goods)
     # A sample's tokens depend only on the sample: the same bytes in a clean shard agree.
     clean = write_dataset(tmp_path, [{"__key__": k, **goods[k]} for k in sorted(seen)],
                           cut_last=False, per_shard=100)
