@@ -153,13 +153,14 @@ def vlm_recipe(shards: Sequence[str | os.PathLike] | Mapping[str, DatasetArg],
                      special.pad, _filler(image, family, special, wants_image))
     ops += [*_stages(datasets, image, video, tokenizer, seq_len, pack, on_error,
                      family, framing, as_user_ops(operators)), packer]
-    planned = next(o for o in ops if isinstance(o, DecodeVision)).plan and pack.decode_after_pack
+    # the tokenizer leaves planned items undecoded only where the row transform decodes them
+    after_pack = not next(o for o in ops if isinstance(o, TokenizeMultimodal)).decode_planned
     return Recipe(datasets, ops, global_batch_size, num_lanes, seed=seed, epochs=epochs,
                   shuffle=settings_from_table(ShuffleSettings, shuffle or {}, "shuffle"),
                   name=name,
                   collate=VLCollate(seq_len, image, special, family),
                   phases=list(phases), phase_lag=phase_lag,
-                  row_ops=[DecodePlanned(on_error=on_error)] if planned else [])
+                  row_ops=[DecodePlanned(on_error=on_error)] if after_pack else [])
 
 
 def _settings(image: ImageSettings | Mapping[str, Any] | None,

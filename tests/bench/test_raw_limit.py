@@ -15,16 +15,12 @@ from zephon_bench import e2e, raw_limit, report
 from zephon_bench.vlm_bench import METRICS, e2e_configurations, summarize
 from zephon_bench.workload import Work, WorkSpec
 
+from tests.helpers.bench import tiny_spec
+
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> WorkSpec:
-    from zephon_core import qwen_tokenizer_dir
-    from zephon_vl import build_demo_dataset
-
-    ds = build_demo_dataset(tmp_path_factory.mktemp("limit-data"), num_samples=14, videos=1,
-                            samples_per_shard=8)
-    return WorkSpec(tuple(str(s) for s in ds.shards), str(qwen_tokenizer_dir()), seq_len=1024,
-                    batch_rows=2, num_lanes=2, max_pixels=128 * 28 * 28, shuffle_buffer=4)
+    return tiny_spec(tmp_path_factory.mktemp("limit-data"))
 
 
 @pytest.fixture(scope="module")
