@@ -127,10 +127,11 @@ def _finish(trace: Trace) -> Trace:
 
 def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     """``for batch in Loader(recipe, 0, 1, execution)``; `params["execution"]`: flat `Execution`
-    settings (`Execution.from_flat`), `params["background"]`: the loader's driver thread."""
+    settings (`Execution.from_flat`), `params["background"]`: the loader's driver thread,
+    `params["pack"]`: more pack settings of the recipe (``decode_after_pack``)."""
     from zephon_core import Loader
 
-    recipe = spec.recipe()
+    recipe = spec.recipe(params.get("pack"))
     ex = zephon_execution(dict(params.get("execution", {})))
     pixels = bool(params.get("pixels"))
     trace = Trace()

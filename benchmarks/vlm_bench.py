@@ -171,7 +171,9 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
                    {"execution": {}, "background": True}),
                  c("zephon spawned workers (start_method=spawn)", "zephon",
                    {"execution": {"start_method": "spawn"}}),
-                 c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}})]
+                 c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}}),
+                 c("zephon decode after packing (decode_after_pack=true)", "zephon",
+                   {"execution": {}, "pack": {"decode_after_pack": True}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
                {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]

@@ -76,15 +76,17 @@ class WorkSpec:
         return VideoSettings(max_pixels_per_frame=self.video_max_pixels,
                              video_folder=self.video_folder)
 
-    def recipe(self) -> Any:
-        """zephon's VLM recipe over the shards, one epoch (every sample exactly once)."""
+    def recipe(self, pack: dict | None = None) -> Any:
+        """zephon's VLM recipe over the shards, one epoch (every sample exactly once);
+        `pack`: more of the recipe's pack settings (a configuration's)."""
         from zephon_vl import vlm_recipe
 
         return vlm_recipe(list(self.shards), self.tokenizer, seq_len=self.seq_len,
                           global_batch_size=self.batch_rows, num_lanes=self.num_lanes,
                           seed=self.seed, image=self.image_settings(),
                           video=self.video_settings(),
-                          pack={"max_images": self.max_images}, shuffle_buffer=self.shuffle_buffer,
+                          pack={"max_images": self.max_images, **(pack or {})},
+                          shuffle_buffer=self.shuffle_buffer,
                           epochs=self.epochs, name="vlm-bench")
 
 

@@ -49,3 +49,30 @@ def test_plain_types_are_never_entered() -> None:
     p = Pair(np.zeros(2), [])
     assert list(iter_leaves({"p": p}, is_array, plain={Pair})) == []
     assert map_leaves(p, is_array, lambda a: None, plain={Pair}) is p
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A settings-like record whose construction is counted (validation in __post_init__)."""
+
+    name: str
+    built: list = dataclasses.field(default_factory=list, compare=False)
+
+    def __post_init__(self) -> None:
+        self.built.append(self.name)
+
+
+def test_containers_without_a_changed_leaf_are_kept_not_rebuilt() -> None:
+    """The transport walks every message; rebuilding a record that holds no array (an
+    image's settings beside its bytes) ran its validation once per item per message."""
+    built: list = []
+    settings = Checked("image", built)
+    built.clear()
+    small = np.zeros(2)
+    msg = {"items": [Pair(small, [settings]), (settings, 3)], "meta": Patches(small, (1, 1, 1))}
+    out = map_leaves(msg, is_array, lambda a: a)  # every leaf handed back as it is
+    assert out is msg and built == []
+    swapped = map_leaves(msg, is_array, lambda a: a + 1)
+    assert swapped is not msg and swapped["items"][0].right[0] is settings and built == []
+    assert swapped["items"][1] is msg["items"][1]  # a tuple without a leaf is kept
+    assert int(swapped["meta"].pixels[0]) == 1 and msg["meta"].pixels[0] == 0

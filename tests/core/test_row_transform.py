@@ -107,3 +107,80 @@ def test_row_ops_are_checked_and_fingerprinted():
     quiet = MaskOdd()
     quiet.fingerprinted = False
     assert dataclasses.replace(recipe, row_ops=[quiet]).fingerprint() == recipe.fingerprint()
+
+
+class CountRows(RowTransform):
+    """Counts the rows it is given (inline: in this process), changes nothing."""
+
+    name = "count_rows"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def process_rows(self, rows: list[Row]) -> list[Row]:
+        self.seen += len(rows)
+        return rows
+
+
+def test_rows_past_those_asked_for_wait_unsent():
+    """The combiner makes rows as the samples already drawn arrive, past the first step's;
+    sent at once they would queue the first step's row work behind the lanes' spare rows."""
+    count = CountRows()
+    spec = SPEC.but(seq_len=24, max_open_bins=8)  # short rows, many open bins: spare rows
+    ex = Execution(runner="inline", prefetch_steps=0)
+    with _world(spec, 1, ex, [count]) as w:
+        loader = w.loaders[0]
+        it = iter(loader)
+        next(it)
+        made = sum(run.rows_made for run in loader._runs)  # noqa: SLF001 - the lanes' count
+        asked = spec.global_batch_size * 2  # after a step the loader asks for the next one
+        assert made > asked, "the test needs spare rows"
+        assert count.seen <= asked
+    with _world(spec, 1, ex, [count]) as w, _world(spec, 1, ex, []) as plain:
+        assert w.digests(5) == plain.digests(5)  # held rows come out in their turn
+
+
+class MarkTargets(RowTransform):
+    """Sends the runner only each segment's token count; puts the answer in the lane."""
+
+    name = "mark_targets"
+
+    def row_part(self, row: Row) -> list[int] | None:
+        lengths = [len(s.payload["tokens"]) for s in row.segments]
+        return None if row.segments[0].origin.index % 3 == 0 else lengths
+
+    def process_rows(self, rows: list[list[int]]) -> list[list[np.ndarray]]:
+        assert all(isinstance(n, int) for part in rows for n in part)  # only the part came
+        return [[np.arange(n) % 2 == 0 for n in part] for part in rows]
+
+    def row_from(self, row: Row, result: list[np.ndarray]) -> Row:
+        return dataclasses.replace(row, segments=[
+            dataclasses.replace(s, payload={**s.payload, "targets": t})
+            for s, t in zip(row.segments, result, strict=True)])
+
+
+def test_a_row_transform_may_send_only_a_part_of_each_row():
+    inline = Execution(runner="inline")
+    with _world(SPEC, 1, inline, [MarkTargets()]) as w:
+        ref = w.digests(5)
+        rows = w.step()
+    with _world(SPEC, 1, inline, []) as w:
+        assert w.digests(5) != ref
+    untouched = [r for r in rows if r.segments[0].origin.index % 3 == 0]
+    marked = [r for r in rows if r.segments[0].origin.index % 3]
+    assert untouched and marked  # a None part: the row passes as it is
+    assert all(s.payload["targets"][1::2].sum() == 0 for r in marked for s in r.segments)
+    procs = Execution(runner="processes", workers={"mark_targets": 2, "tokens": 1})
+    with _world(SPEC, 2, procs, [MarkTargets()]) as w:
+        assert w.digests(5) == ref
+
+
+def test_fused_row_transforms_take_their_parts_where_they_run():
+    both = [MarkTargets(), MaskOdd()]
+    with _world(SPEC, 1, Execution(runner="inline", fuse=False), both) as w:
+        ref = w.digests(5)
+    procs = Execution(runner="processes", workers={"mark_targets": 2, "mask_odd": 2,
+                                                   "tokens": 1})
+    with _world(SPEC, 2, procs, both) as w:
+        assert len(w.loaders[0].plan.row_stages) == 1  # fused: one stage
+        assert w.digests(5) == ref

@@ -14,7 +14,7 @@ walk.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 __all__ = ["SCALARS", "iter_leaves", "map_leaves"]
@@ -25,26 +25,40 @@ SCALARS: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
 
 def map_leaves(obj: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any],
                plain: Collection[type] = SCALARS) -> Any:
-    """Rebuild `obj` with `fn` applied to every leaf; containers are copied (a dataclass
-    through `dataclasses.replace` of its init fields), anything else kept. Types in
-    `plain` are kept without a leaf test (the caller's own leaf-free records)."""
+    """`obj` with `fn` applied to every leaf. A container some leaf below changed in is
+    copied (a dataclass through `dataclasses.replace` of its init fields); one where none
+    did is returned as it is, not rebuilt: the transport walks every message, and
+    rebuilding a record that holds no array (an image's settings beside its bytes) ran
+    its validation once per item per message. Anything else is kept. Types in `plain` are
+    kept without a leaf test (the caller's own leaf-free records)."""
     if type(obj) in plain:
         return obj
     if is_leaf(obj):
         return fn(obj)
     if isinstance(obj, dict):
-        return {k: map_leaves(v, is_leaf, fn, plain) for k, v in obj.items()}
+        items = {k: map_leaves(v, is_leaf, fn, plain) for k, v in obj.items()}
+        return obj if _same(items.values(), obj.values()) else items
     if isinstance(obj, list):
-        return [map_leaves(v, is_leaf, fn, plain) for v in obj]
-    if type(obj) is tuple:
-        return tuple(map_leaves(v, is_leaf, fn, plain) for v in obj)
-    if _is_namedtuple(obj):
-        return type(obj)(*(map_leaves(v, is_leaf, fn, plain) for v in obj))
+        out = [map_leaves(v, is_leaf, fn, plain) for v in obj]
+        return obj if _same(out, obj) else out
+    if type(obj) is tuple or _is_namedtuple(obj):
+        out = [map_leaves(v, is_leaf, fn, plain) for v in obj]
+        if _same(out, obj):
+            return obj
+        return tuple(out) if type(obj) is tuple else type(obj)(*out)
     if _is_dataclass(obj):
-        return dataclasses.replace(obj, **{
-            f.name: map_leaves(getattr(obj, f.name), is_leaf, fn, plain)
-            for f in dataclasses.fields(obj) if f.init})
+        names = [f.name for f in dataclasses.fields(obj) if f.init]
+        old = [getattr(obj, n) for n in names]
+        new = [map_leaves(v, is_leaf, fn, plain) for v in old]
+        if _same(new, old):
+            return obj
+        return dataclasses.replace(obj, **dict(zip(names, new, strict=True)))
     return obj
+
+
+def _same(new: Iterable[Any], old: Iterable[Any]) -> bool:
+    """Every item of `new` is the very object at its place in `old`."""
+    return all(a is b for a, b in zip(new, old, strict=True))
 
 
 def iter_leaves(obj: Any, is_leaf: Callable[[Any], bool],

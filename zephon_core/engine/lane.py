@@ -249,6 +249,12 @@ class LaneRun:
                         else self._batches.step_at_rows(self._rows_emitted) is not None)
             snap = self.snapshot() if boundary else None
             self._rows.submit(row, snap)
+        self._send_rows()
+
+    def _send_rows(self) -> None:
+        """Send the rows within those the loader asked for to the row stages (`RowQueue`)."""
+        if self._rows.held:
+            self._rows.send_held(self._want_rows - (self._rows_emitted - self._rows.held))
 
     def _can_pull(self) -> bool:
         """May the lane draw one more element now?
@@ -276,6 +282,7 @@ class LaneRun:
         order, ending with the combiner (`finished`). A lane that only drops stops through
         its `StallGuard`, at a sample that depends only on the data.
         """
+        self._send_rows()
         moved = self._rows.collect()
         moved |= self._q.collect()
         moved |= self._drain()

@@ -168,10 +168,14 @@ class Plan:
     def stage_fn(self, stage: Stage) -> StageFn | RowStageFn:
         """With `digests` (the ledger), the last transform stage hashes each sample it makes."""
         if stage.kind is StageKind.ROWS:
-            return RowStageFn(list(stage.ops), self.execution.storage())  # type: ignore[arg-type]
+            return self.row_stage_fn(stage)
         return StageFn(list(stage.ops),  # type: ignore[arg-type]
                        digests=self.digests and stage.index == self.last_transform,
                        storage=self.execution.storage())
+
+    def row_stage_fn(self, stage: Stage) -> RowStageFn:
+        """A row stage's transforms fused (`stage.kind` is ROWS)."""
+        return RowStageFn(list(stage.ops), self.execution.storage())  # type: ignore[arg-type]
 
     def prefix_fn(self, upto: int) -> StageFn:
         """All transforms before stage `upto`, fused: recomputes a payload from a pointer."""

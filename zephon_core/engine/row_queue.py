@@ -1,8 +1,12 @@
 """A lane's rows on their way through the row stages (`RowTransform`s after the combiner).
 
-The combiner makes a row; the lane hands it here at once (`submit`), so the
-row stages of step t+1 run while the trainer works on step t, within the rows
-the loader asked the lane for. Each row is one group at each row stage's runner;
+The combiner makes a row; the lane hands it here at once (`submit`), and it goes
+to the row stages as soon as it is within the rows the loader asked the lane for
+(`send_held`), so the row stages of step t+1 run while the trainer works on step
+t. A row made past them (the combiner makes rows as the samples already drawn
+arrive) waits here undecoded: the rows of the first step are not queued behind
+the lanes' spare rows, and a row's stage output (decoded pixels) exists only for
+the rows the loader will take soon. Each row is one group at each row stage's runner;
 results are taken back only from the head of each stage's queue (`collect`), so
 rows come out in the order they were made whatever order workers finish in.
 
@@ -34,8 +38,13 @@ from zephon_core.ops.row_transform import row_layout
 from zephon_core.records import Element, drop_detail
 
 
+#: the answer of a row whose part was None: it passes the stage unchanged
+_PASS = object()
+
+
 class _InFlight(NamedTuple):
     made: Row  #: the row as the combiner made it (for `leftover` and the layout check)
+    given: Row  #: the row as this stage got it (what its answer finishes)
     snapshot: dict | None
     group: Group
 
@@ -51,17 +60,26 @@ class RowQueue:
         self.lane = lane
         self._seed = seed
         self._stages = plan.row_stages
+        #: each row stage's operators: the lane sends a row's part and finishes the answer
+        self._fns = [plan.row_stage_fn(s) for s in self._stages]
         self._runners = runners
         self._hooks = hooks
         self._queues: list[deque[_InFlight]] = [deque() for _ in self._stages]
+        #: rows made past those the loader asked for, not yet sent, with their snapshots
+        self._held: deque[tuple[Row, dict | None]] = deque()
         #: finished rows with the snapshot after each (None where no step ends)
         self.ready: deque[tuple[Row, dict | None]] = deque()
         #: drops the row stages recorded since the lane started or restored, by reason
         self.late: dict[str, int] = {}
 
     def in_flight(self) -> int:
-        """Rows at the row stages."""
-        return sum(len(q) for q in self._queues)
+        """Rows at the row stages or waiting to be sent there."""
+        return sum(len(q) for q in self._queues) + len(self._held)
+
+    @property
+    def held(self) -> int:
+        """Rows made and not yet sent to the row stages."""
+        return len(self._held)
 
     def made(self) -> int:
         """Rows made and not yet taken: ready or in flight."""
@@ -70,27 +88,38 @@ class RowQueue:
     def rows(self) -> list[Row]:
         """Every row not yet taken, in order: ready ones, then in-flight ones as made."""
         return [r for r, _ in self.ready] + [e.made for q in reversed(self._queues)
-                                             for e in q]
+                                             for e in q] + [r for r, _ in self._held]
 
     def head_futures(self) -> list[Future]:
         """The oldest row in flight at each row stage."""
         return [q[0].group.future for q in self._queues if q]
 
     def submit(self, row: Row, snapshot: dict | None) -> None:
-        """A row the combiner made, with the snapshot after it."""
+        """A row the combiner made, with the snapshot after it (held until `send_held`)."""
         if not self._stages:
             self.ready.append((row, snapshot))
             return
-        self._send(0, row, row, snapshot)
+        self._held.append((row, snapshot))
+
+    def send_held(self, n: int) -> None:
+        """Send up to `n` held rows, oldest first, to the first row stage."""
+        for _ in range(min(n, len(self._held))):
+            row, snapshot = self._held.popleft()
+            self._send(0, row, row, snapshot)
 
     def _send(self, k: int, row: Row, made: Row, snapshot: dict | None) -> None:
         first = made.segments[0].origin if made.segments else None
         key = element_key(self._seed, first) if first is not None else 0
         observed = self._hooks.watched
-        future = self._runners[self._stages[k].index].submit([Element(key, row, first)])
+        part = self._fns[k].part(row)
+        if part is None:  # nothing to do for this row: it passes the stage in its turn
+            future: Future = Future()
+            future.set_result([_PASS])
+        else:
+            future = self._runners[self._stages[k].index].submit([Element(key, part, first)])
         group = Group([s.origin for s in made.segments], future,
                       time.monotonic() if observed else 0.0, observed)
-        self._queues[k].append(_InFlight(made, snapshot, group))
+        self._queues[k].append(_InFlight(made, row, snapshot, group))
 
     def collect(self) -> bool:
         """Take finished rows off the head of each row stage (last stage first) and pass
@@ -100,7 +129,7 @@ class RowQueue:
             q, stage = self._queues[k], self._stages[k]
             while q and q[0].group.future.done():
                 entry = q.popleft()
-                out = self._result(stage.name, entry)
+                out = self._result(k, entry)
                 if self._hooks.watched:
                     g = entry.group
                     self._hooks.stage_done(self.lane, stage.index, stage.name,
@@ -113,13 +142,15 @@ class RowQueue:
                 moved = True
         return moved
 
-    def _result(self, stage: str, entry: _InFlight) -> Row:
-        """The stage's row, checked: the same segments in the same order, and the drops it
+    def _result(self, k: int, entry: _InFlight) -> Row:
+        """Stage `k`'s row, checked: the same segments in the same order, and the drops it
         adds name samples of the row."""
+        stage = self._stages[k].name
         where = (entry.made.segments[0].origin.where() if entry.made.segments else "an empty "
                  "row")
         try:
-            (out,) = entry.group.future.result()
+            (answer,) = entry.group.future.result()
+            out = entry.given if answer is _PASS else self._fns[k].finish(entry.given, answer)
         except ZephonError:
             raise
         except Exception as exc:

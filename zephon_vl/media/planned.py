@@ -11,6 +11,7 @@ bytes), and refuses a decode whose grid is not the planned one.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,9 @@ class PlannedItem:
     """One image or clip whose patch grid is known and whose pixels are not decoded yet."""
 
     #: the encoded bytes as a uint8 array: a process pool moves arrays through shared
-    #: memory, while bytes would be pickled through the worker's pipe (and a large
-    #: task and a large answer on one pipe can wait on each other)
-    data: np.ndarray
+    #: memory (from the planning worker to the lane: a file a group, reused), or as
+    #: `bytes` (`with_bytes`: to the row decode, pickled with the row's group)
+    data: np.ndarray | bytes
     geometry: ItemGeometry
     where: str
     image: ImageSettings
@@ -54,9 +55,18 @@ class PlannedItem:
         from, its grid, and a hash of its encoded bytes, so the digest changes when an
         image's bytes do (and stays short: no bytes in it)."""
         kind = "clip" if self.video is not None else "image"
-        content = xxhash.xxh3_64_hexdigest(self.data.reshape(-1).view(np.uint8))
-        return (f"PlannedItem({kind} {self.where}, {self.data.nbytes} bytes xxh3 {content}, "
-                f"{self.geometry})")
+        data = self.encoded()
+        return (f"PlannedItem({kind} {self.where}, {len(data)} bytes xxh3 "
+                f"{xxhash.xxh3_64_hexdigest(data)}, {self.geometry})")
+
+    def encoded(self) -> bytes:
+        """The encoded bytes."""
+        return self.data if isinstance(self.data, bytes) else self.data.tobytes()
+
+    def with_bytes(self) -> PlannedItem:
+        """This item with its bytes as `bytes`: what a row decode in a process pool is
+        sent, pickled with the group (a shared-memory file a row costs the lane more)."""
+        return dataclasses.replace(self, data=self.encoded())
 
     def blank(self) -> VisionPatches:
         """The patch rows of a black item of the planned size: every pixel 0 before
@@ -77,7 +87,7 @@ class PlannedItem:
         """The patch rows the early decode makes of these bytes. A decode failure raises its
         BadSampleError as before; a grid unlike the planned one raises
         ``planned_size_mismatch`` (the header told another size than the pixels)."""
-        data = self.data.tobytes()
+        data = self.encoded()
         if self.video is None:
             patches = process_image(data, self.image, self.where, one_frame=True)
         else:

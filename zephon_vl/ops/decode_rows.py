@@ -22,7 +22,7 @@ instead, naming the sample and the decode's reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -34,13 +34,21 @@ from zephon_vl.media.planned import PlannedItem
 DECODE_FAILED = "decode_failed_after_plan"
 
 
+#: where a planned item sits in its row: (segment, place in the segment's items)
+Place = tuple[int, int]
+
+
 class DecodePlanned(RowTransform):
     """Each segment's planned items in ``payload["pixel_values"]`` -> their patch rows.
 
-    Not in the fingerprint (`fingerprinted`): its rows are the ones the collate's own
-    decode of a planned item would make, so a checkpoint written without it restores.
-    `on_error` is the recipe's bad-input policy: ``drop`` keeps the sample's place (a
-    black image, no labels, a recorded drop), ``raise`` stops the run naming it.
+    The runner is sent a row's planned items only (`row_part`), their bytes as `bytes`
+    (pickled with the group: one shared-memory file a row cost the lane more than the
+    copy), and answers each item's patch rows; the lane puts them in the row
+    (`row_from`). Not in the fingerprint (`fingerprinted`): its rows are the ones the
+    collate's own decode of a planned item would make, so a checkpoint written without
+    it restores. `on_error` is the recipe's bad-input policy: ``drop`` keeps the
+    sample's place (a black image, no labels, a recorded drop), ``raise`` stops the run
+    naming it.
     """
 
     default_runner = "processes"
@@ -50,55 +58,66 @@ class DecodePlanned(RowTransform):
         self.name = name
         self.on_error = check_on_error(on_error)
 
-    def process_rows(self, rows: list[Row]) -> list[Row]:
-        return [self.decode_row(r) for r in rows]
+    def row_part(self, row: Row) -> list[PlannedItem] | None:
+        """The row's planned items (None: it holds none, so it needs no trip)."""
+        return [item.with_bytes() for _, item in planned_places(row)] or None
 
-    def decode_row(self, row: Row) -> Row:
-        """`row` with its planned items decoded (a new row; `row` is left as it was)."""
+    def process_rows(self, rows: list[list[PlannedItem]]) -> list[list[Decoded]]:
+        return [[decode_item(item) for item in items] for items in rows]
+
+    def row_from(self, row: Row, result: list[Decoded]) -> Row:
+        """`row` with its planned items replaced by their patch rows (a new row; `row` is
+        left as it was), the failures handled by `on_error`."""
+        decoded: dict[int, dict[int, Decoded]] = {}
+        for (i, j), got in zip((p for p, _ in planned_places(row)), result, strict=True):
+            decoded.setdefault(i, {})[j] = got
+        if not decoded:
+            return row
         segments: list[Segment] = []
         drops, details = list(row.drops), list(row.drop_details)
         details += [""] * (len(drops) - len(details))
-        changed = False
-        for seg in row.segments:
-            payload = seg.payload
-            items = payload.get("pixel_values") if isinstance(payload, dict) else None
-            if not items or not any(isinstance(v, PlannedItem) for v in items):
+        for i, seg in enumerate(row.segments):
+            if i not in decoded:
                 segments.append(seg)
                 continue
-            pixels, failure = decode_items(items)
-            if failure is not None and self.on_error == "raise":
-                raise BadSampleError(
-                    failure.reason, f"{failure.where} [{seg.origin.where()}]",
-                    (failure.detail + "; " if failure.detail else "") + f"raised in operator "
-                    f"{self.name!r} after the packer; set on_error='drop' to record such "
-                    "samples (their row keeps a black image and no labels)")
-            new = {**payload, "pixel_values": pixels}
+            items = seg.payload["pixel_values"]
+            got = decoded[i]
+            pixels = [got[j][0] if j in got else v for j, v in enumerate(items)]
+            failure = next((f for j in sorted(got) if (f := got[j][1]) is not None), None)
+            new = {**seg.payload, "pixel_values": pixels}
             if failure is not None:
-                new["targets"] = np.zeros(len(payload["tokens"]), dtype=bool)
+                if self.on_error == "raise":
+                    raise BadSampleError(
+                        failure.reason, f"{failure.where} [{seg.origin.where()}]",
+                        (failure.detail + "; " if failure.detail else "") + "raised in "
+                        f"operator {self.name!r} after the packer; set on_error='drop' to "
+                        "record such samples (their row keeps a black image and no labels)")
+                new["targets"] = np.zeros(len(seg.payload["tokens"]), dtype=bool)
                 if seg.start == 0:  # a document cut over rows is dropped once
                     drops.append((seg.origin, DECODE_FAILED))
                     details.append(f"{failure.reason} at {failure.where}"
                                    + (f": {failure.detail}" if failure.detail else ""))
             segments.append(dataclasses.replace(seg, payload=new))
-            changed = True
-        if not changed:
-            return row
         return dataclasses.replace(row, segments=segments, drops=drops, drop_details=details)
 
 
-def decode_items(items: list[Any]) -> tuple[list[np.ndarray], BadSampleError | None]:
-    """A payload's ``pixel_values`` with the planned items decoded, and the first failure
-    (None: none): an item that fails is its black blank, the sample's other items decode."""
-    out: list[np.ndarray] = []
-    failure: BadSampleError | None = None
-    for v in items:
-        if not isinstance(v, PlannedItem):
-            out.append(v)
-            continue
-        try:
-            out.append(v.decode().pixel_values)
-        except BadSampleError as exc:
-            out.append(v.blank().pixel_values)
-            if failure is None:
-                failure = exc
-    return out, failure
+#: an item's patch rows, and the decode's failure (None: none; the rows are then the blank)
+Decoded = tuple[np.ndarray, BadSampleError | None]
+
+
+def planned_places(row: Row) -> Iterator[tuple[Place, PlannedItem]]:
+    """The planned items of `row`'s segments, in order, with their places."""
+    for i, seg in enumerate(row.segments):
+        payload = seg.payload
+        items = payload.get("pixel_values") if isinstance(payload, dict) else None
+        for j, v in enumerate(items or ()):
+            if isinstance(v, PlannedItem):
+                yield (i, j), v
+
+
+def decode_item(item: PlannedItem) -> Decoded:
+    """The item's patch rows, or its black blank and the failure where the decode fails."""
+    try:
+        return item.decode().pixel_values, None
+    except BadSampleError as exc:
+        return item.blank().pixel_values, exc
