@@ -23,6 +23,7 @@ from zephon_vl import (
     write_shards,
 )
 from zephon_vl.media.image import ImageSettings
+from zephon_vl.media.planned import ClipReference, PlannedItem
 from zephon_vl.media.video import video_location
 
 
@@ -60,6 +61,54 @@ def test_referenced_videos_give_the_batches_of_carried_ones(videos):
     assert digests(named, VideoSettings(video_folder=str(folder))) == want
     procs = Execution(runner="processes", default_workers=2, group_size=1)
     assert digests(named, VideoSettings(video_folder=str(folder)), procs) == want
+
+
+def test_planned_referenced_clips_decode_after_the_packer_to_the_same_batches(videos, tmp_path):
+    """A named clip is planned from its index read by range: an open bin holds its name,
+    not its pixels; the row decode opens it again and makes the same batches."""
+    carried, named, folder, _ = videos
+    want = digests(carried, VideoSettings())
+    after = {"decode_after_pack": True}
+    vs = VideoSettings(video_folder=str(folder))
+    assert digests(named, vs, pack=after) == want
+    procs = Execution(runner="processes", default_workers=2, group_size=1)
+    assert digests(named, vs, procs, pack=after) == want
+    moved = tmp_path / "moved"  # gone between the plan and the row decode: an I/O error
+    recipe = make_recipe(named, num_lanes=1, global_batch_size=1, epochs=1, shuffle_buffer=0,
+                         video=VideoSettings(video_folder=str(moved)), pack=after)
+    (moved / "clips").mkdir(parents=True)
+    for clip in (folder / "clips").iterdir():
+        (moved / "clips" / clip.name).write_bytes(clip.read_bytes())
+    loader = Loader(recipe, 0, 1, Execution(runner="inline"))
+    tokenize = next(op for op in recipe.ops if op.name.startswith("tokenize"))
+    real = tokenize.process_many
+
+    def plan_then_remove(elements):  # the clips leave once their samples are planned
+        out = real(elements)
+        for clip in (moved / "clips").iterdir():
+            clip.unlink()
+        return out
+
+    tokenize.process_many = plan_then_remove
+    with pytest.raises(RuntimeError) as info:
+        next(iter(loader))
+    loader.close()
+    assert isinstance(info.value.__cause__, FileNotFoundError), repr(info.value.__cause__)
+    assert "clips/vid" in str(info.value)
+
+
+def test_a_planned_clip_reference_is_a_name_with_the_decoded_grid(videos):
+    _, _, folder, samples = videos
+    vs = VideoSettings(video_folder=str(folder), max_frames=4)
+    sample = {"__key__": "k", "__shard__": "s.tar", "txt": b"a clip",
+              "json": json.dumps({"video": "clips/vid0.mp4"}).encode()}
+    planned = DecodeVision(video=vs, plan=True).decode(sample)["vision"][0]
+    assert isinstance(planned, PlannedItem) and isinstance(planned.data, ClipReference)
+    want = process_video(samples[0]["mp4"], ImageSettings(), vs)
+    assert planned.geometry.grid_thw == tuple(int(x) for x in want.grid_thw)
+    assert (planned.decode().pixel_values == want.pixel_values).all()
+    assert planned.with_bytes() is planned  # it travels as its name
+    assert "clips/vid0.mp4" in repr(planned) and len(repr(planned)) < 300
 
 
 def test_a_missing_video_stops_the_run_naming_it_even_under_drop(videos, tmp_path):

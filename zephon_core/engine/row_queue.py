@@ -37,7 +37,6 @@ from zephon_core.ops.contract import Row
 from zephon_core.ops.row_transform import row_layout
 from zephon_core.records import Element, drop_detail
 
-
 #: the answer of a row whose part was None: it passes the stage unchanged
 _PASS = object()
 

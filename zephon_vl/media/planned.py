@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -22,9 +22,27 @@ from zephon_core import BadSampleError
 from zephon_vl.media.geometry import VisionPatches
 from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_geometry
 from zephon_vl.media.image import ImageSettings, finish_patches, process_image
-from zephon_vl.media.video import VideoSettings, process_video
+from zephon_vl.media.video import (
+    VideoSettings,
+    open_video_reference,
+    process_video,
+    read_video_reference,
+)
 
-__all__ = ["PlannedItem", "decoded_rows", "item_pixels", "plan_image", "plan_video"]
+__all__ = ["ClipReference", "PlannedItem", "decoded_rows", "item_pixels", "plan_clip_reference",
+           "plan_image", "plan_video"]
+
+
+class ClipReference(NamedTuple):
+    """A clip a sample names (``json {"video": ...}`` in `VideoSettings.video_folder`):
+    a planned item keeps where the clip is, not its bytes, and its decode opens the clip
+    again, by range. An open bin holds a name instead of megabytes, and nothing of the
+    clip crosses a process boundary before its row is decoded."""
+
+    ref: Any
+    folder: str | None
+    #: the sample's place, for the error of a clip gone missing before its decode
+    sample: str
 
 
 @dataclass(frozen=True, repr=False)
@@ -33,8 +51,9 @@ class PlannedItem:
 
     #: the encoded bytes as a uint8 array: a process pool moves arrays through shared
     #: memory (from the planning worker to the lane: a file a group, reused), or as
-    #: `bytes` (`with_bytes`: to the row decode, pickled with the row's group)
-    data: np.ndarray | bytes
+    #: `bytes` (`with_bytes`: to the row decode, pickled with the row's group); or where
+    #: a clip named by reference is (`ClipReference`)
+    data: np.ndarray | bytes | ClipReference
     geometry: ItemGeometry
     where: str
     image: ImageSettings
@@ -53,20 +72,29 @@ class PlannedItem:
     def __repr__(self) -> str:
         """What a sample digest (the ledger's) of an undecoded item hashes: where it came
         from, its grid, and a hash of its encoded bytes, so the digest changes when an
-        image's bytes do (and stays short: no bytes in it)."""
+        image's bytes do (and stays short: no bytes in it). A clip named by reference is
+        described by its reference (its bytes are not read to plan it)."""
         kind = "clip" if self.video is not None else "image"
+        if isinstance(self.data, ClipReference):
+            return (f"PlannedItem({kind} {self.where}, reference {self.data.ref!r} in "
+                    f"{self.data.folder!r}, {self.geometry})")
         data = self.encoded()
         return (f"PlannedItem({kind} {self.where}, {len(data)} bytes xxh3 "
                 f"{xxhash.xxh3_64_hexdigest(data)}, {self.geometry})")
 
     def encoded(self) -> bytes:
-        """The encoded bytes."""
+        """The encoded bytes (a clip named by reference: read from where it is)."""
+        if isinstance(self.data, ClipReference):
+            return read_video_reference(*self.data)
         return self.data if isinstance(self.data, bytes) else self.data.tobytes()
 
     def with_bytes(self) -> PlannedItem:
-        """This item with its bytes as `bytes`: what a row decode in a process pool is
-        sent, pickled with the group (a shared-memory file a row costs the lane more)."""
-        return dataclasses.replace(self, data=self.encoded())
+        """This item with its bytes as `bytes` (a clip named by reference as it is): what a
+        row decode in a process pool is sent, pickled with the group (a shared-memory file
+        a row costs the lane more)."""
+        if isinstance(self.data, ClipReference | bytes):
+            return self
+        return dataclasses.replace(self, data=self.data.tobytes())
 
     def blank(self) -> VisionPatches:
         """The patch rows of a black item of the planned size: every pixel 0 before
@@ -87,11 +115,14 @@ class PlannedItem:
         """The patch rows the early decode makes of these bytes. A decode failure raises its
         BadSampleError as before; a grid unlike the planned one raises
         ``planned_size_mismatch`` (the header told another size than the pixels)."""
-        data = self.encoded()
-        if self.video is None:
-            patches = process_image(data, self.image, self.where, one_frame=True)
+        if isinstance(self.data, ClipReference):
+            assert self.video is not None, "a reference names a clip"
+            with open_video_reference(*self.data) as f:
+                patches = process_video(f, self.image, self.video, self.where)
+        elif self.video is None:
+            patches = process_image(self.encoded(), self.image, self.where, one_frame=True)
         else:
-            patches = process_video(data, self.image, self.video, self.where)
+            patches = process_video(self.encoded(), self.image, self.video, self.where)
         got = tuple(int(x) for x in patches.grid_thw)
         if got != self.geometry.grid_thw:
             raise BadSampleError("planned_size_mismatch", self.where,
@@ -136,3 +167,15 @@ def decoded_rows(rows: list[np.ndarray | PlannedItem]) -> list[np.ndarray]:
     """A payload's ``pixel_values`` with any item still planned decoded (the collate's
     fallback for a combiner that took a sample the tokenizer judged too long)."""
     return [v.decode().pixel_values if isinstance(v, PlannedItem) else v for v in rows]
+
+
+def plan_clip_reference(ref: Any, image: ImageSettings, video: VideoSettings, sample: str,
+                        where: str) -> PlannedItem | VisionPatches:
+    """A clip a sample names in `VideoSettings.video_folder`, planned from its index read
+    by range, or decoded now where that cannot be trusted (as `plan_video`)."""
+    with open_video_reference(ref, video.video_folder, sample) as f:
+        geometry = video_geometry(f, image, video, where)
+        if geometry is None:
+            return process_video(f, image, video, where)
+    return PlannedItem(ClipReference(ref, video.video_folder, sample), geometry, where, image,
+                       video)

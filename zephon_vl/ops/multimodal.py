@@ -46,7 +46,13 @@ from zephon_vl.families.base import VisionFamily
 from zephon_vl.families.registry import vision_family
 from zephon_vl.formats.obelics import obelics_parts
 from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, process_image
-from zephon_vl.media.planned import PlannedItem, item_pixels, plan_image, plan_video
+from zephon_vl.media.planned import (
+    PlannedItem,
+    item_pixels,
+    plan_clip_reference,
+    plan_image,
+    plan_video,
+)
 from zephon_vl.media.video import VideoSettings, open_video_reference, process_video
 from zephon_vl.ops.pixels import PixelEdit, decode_with_pixels, edited_image
 
@@ -259,8 +265,12 @@ class DecodeVision(Transform):
         """``json {"video": "clips/a.mp4", ...}``: the clip is read from
         `VideoSettings.video_folder` by range; a caption (txt, or json
         ``caption``) or ``conversations`` whose ``<image>`` stands for the clip."""
-        with open_video_reference(meta["video"], self.video.video_folder, where) as f:
-            vid = process_video(f, self.image, self.video, f"{where}:{meta['video']}")
+        name = f"{where}:{meta['video']}"
+        if self.plan:
+            vid = plan_clip_reference(meta["video"], self.image, self.video, where, name)
+        else:
+            with open_video_reference(meta["video"], self.video.video_folder, where) as f:
+                vid = process_video(f, self.image, self.video, name)
         if isinstance(meta.get("conversations"), list):
             return {**base, "kind": "conversation",
                     "turns": [parse_turn(t, where) for t in meta["conversations"]],
