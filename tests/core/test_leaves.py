@@ -4,7 +4,7 @@ backlog counts are the leaves the transport moves, in the same order."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -76,3 +76,23 @@ def test_containers_without_a_changed_leaf_are_kept_not_rebuilt() -> None:
     assert swapped is not msg and swapped["items"][0].right[0] is settings and built == []
     assert swapped["items"][1] is msg["items"][1]  # a tuple without a leaf is kept
     assert int(swapped["meta"].pixels[0]) == 1 and msg["meta"].pixels[0] == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A record that names where its arrays are: `settings` is never entered."""
+
+    leaf_fields: ClassVar[tuple[str, ...]] = ("data",)
+    data: np.ndarray
+    settings: Checked
+
+
+def test_a_record_naming_its_leaf_fields_is_entered_only_there() -> None:
+    built: list = []
+    settings = Checked("image", built)
+    built.clear()
+    p = Planned(np.zeros(3), settings)
+    hidden = Planned(np.zeros(3), Checked("x", [np.zeros(8)]))  # an array where none is named
+    assert [a.shape for a in iter_leaves([p, hidden], is_array)] == [(3,), (3,)]
+    out = map_leaves(p, is_array, lambda a: a + 1)
+    assert out.settings is settings and built == [] and out.data[0] == 1

@@ -1,6 +1,7 @@
 """One walk over a payload's leaves (arrays, or shared-memory references to them).
 
-A payload nests dicts, lists, tuples, NamedTuples and dataclasses; the shared-memory
+A payload nests dicts, lists, tuples, NamedTuples and dataclasses (a dataclass may name
+the only fields that can hold a leaf in a class attribute ``leaf_fields``); the shared-memory
 transport swaps its large arrays for references and back, and the backlog counts the
 bytes of the same arrays. Both follow these container rules, so an array the transport
 moves is an array the backlog counts. Anything else (a set, an object of another class)
@@ -47,7 +48,7 @@ def map_leaves(obj: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any
             return obj
         return tuple(out) if type(obj) is tuple else type(obj)(*out)
     if _is_dataclass(obj):
-        names = [f.name for f in dataclasses.fields(obj) if f.init]
+        names = _leaf_fields(type(obj))
         old = [getattr(obj, n) for n in names]
         new = [map_leaves(v, is_leaf, fn, plain) for v in old]
         if _same(new, old):
@@ -75,11 +76,29 @@ def iter_leaves(obj: Any, is_leaf: Callable[[Any], bool],
     elif isinstance(obj, list) or type(obj) is tuple or _is_namedtuple(obj):
         children = obj
     elif _is_dataclass(obj):
-        children = (getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init)
+        children = (getattr(obj, n) for n in _leaf_fields(type(obj)))
     else:
         return
     for v in children:
         yield from iter_leaves(v, is_leaf, plain)
+
+
+#: dataclass type -> the fields a walk enters (`_leaf_fields`)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _leaf_fields(cls: type) -> tuple[str, ...]:
+    """The fields of dataclass `cls` a walk enters: those it names in a class attribute
+    ``leaf_fields`` (a record that knows where its arrays are: a planned image's bytes,
+    not its settings), else every init field. Kept per type: the walk meets the same
+    few types thousands of times a step."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = getattr(cls, "leaf_fields", None)
+        if names is None:
+            names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        _FIELDS[cls] = names = tuple(names)
+    return names
 
 
 def _is_namedtuple(obj: Any) -> bool:

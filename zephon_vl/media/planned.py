@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import xxhash
@@ -49,6 +49,10 @@ class ClipReference(NamedTuple):
 class PlannedItem:
     """One image or clip whose patch grid is known and whose pixels are not decoded yet."""
 
+    #: the one field that can hold an array: the transport and the backlog walk every
+    #: payload, and need not enter an item's settings and geometry (`zephon_core`'s leaf
+    #: walk reads this)
+    leaf_fields: ClassVar[tuple[str, ...]] = ("data",)
     #: the encoded bytes as a uint8 array: a process pool moves arrays through shared
     #: memory (from the planning worker to the lane: a file a group, reused), or as
     #: `bytes` (`with_bytes`: to the row decode, pickled with the row's group); or where
