@@ -16,7 +16,8 @@ and code mixed 0.7/0.3). Loaders:
   (:mod:`zephon_bench.text_peer`), threads or processes, ``--peer`` to leave it out.
 
 Each run is a fresh process watched from outside (`TreeMonitor`); it stops after
-``--rows`` rows. Rates are measured from 20% of the rows to the last; CPU is the
+``--rows`` rows. Rates are measured from 20% of the rows to the last (the raw limit's
+last: its first worker's last batch, while all worked); CPU is the
 whole process tree's (every worker's user + system time) over the same window, per
 1,000 rows and per token. Runs of all loaders are interleaved over the repetitions.
 """
