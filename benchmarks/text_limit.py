@@ -199,7 +199,7 @@ def _run_threads(spec: Any, lines: list, n: int, check: bool) -> tuple[list[dict
     for t in threads:
         t.start()
     try:
-        return _collect(out, n, start, lambda: [], "thread")
+        return _collect(out, n, start, lambda done: [], "thread")
     except BaseException:
         shared.stop()  # the other threads take no more documents
         raise
@@ -242,8 +242,10 @@ def _run_processes(spec: Any, lines: list, n: int, method: str,
         if method == "fork":
             gc.unfreeze()
 
-    def dead() -> list[str]:
-        return [f"{p.name} exit {p.exitcode}" for p in procs if p.exitcode not in (None, 0)]
+    def dead(done: set[int]) -> list[str]:
+        # a second after the queue went quiet, a worker that ended sent all it will send
+        return [f"{p.name} exit {p.exitcode}" for i, p in enumerate(procs)
+                if p.exitcode is not None and i not in done]
 
     try:
         return _collect(out, n, start, dead, "process")
@@ -261,14 +263,14 @@ def _run_processes(spec: Any, lines: list, n: int, method: str,
 def _collect(out: Any, n: int, start: Any, dead: Any, kind: str) -> tuple[list[dict], float]:
     """Wait for every worker to be ready, start the clock and them, and gather their
     results; a worker's error, or one that died or went silent, ends the run here."""
-    ready, results, t_start = 0, [], None
+    ready, results, t_start, done = 0, [], None, set()
     waited = 0.0
     while len(results) < n:
         try:
             what, wid, payload = out.get(timeout=1.0)
         except queue.Empty:
             waited += 1.0
-            if gone := dead():
+            if gone := dead(done):
                 raise RuntimeError(f"text raw-limit {kind} died without a word: "
                                    + ", ".join(gone)) from None
             if waited > WAIT_S:
@@ -285,4 +287,5 @@ def _collect(out: Any, n: int, start: Any, dead: Any, kind: str) -> tuple[list[d
                 start.set()
         else:
             results.append(payload)
+            done.add(wid)
     return results, t_start

@@ -140,9 +140,11 @@ def test_a_failing_limit_worker_stops_the_run_with_its_traceback(
     assert "Traceback" in str(err.value)
 
 
-def test_a_limit_process_that_dies_without_a_word_stops_the_run(data, monkeypatch) -> None:
-    monkeypatch.setattr(Tokenize, "process_many", lambda self, elements: os._exit(3))
-    with pytest.raises(RuntimeError, match="died without a word: text-limit-0 exit 3"):
+@pytest.mark.parametrize("code", [3, 0])
+def test_a_limit_process_that_dies_without_a_word_stops_the_run(data, monkeypatch,
+                                                                code: int) -> None:
+    monkeypatch.setattr(Tokenize, "process_many", lambda self, elements: os._exit(code))
+    with pytest.raises(RuntimeError, match=f"died without a word: text-limit-0 exit {code}"):
         text_bench.run_limit(spec(data, "text", 10**6), {"processes": 2, "documents": 80})
 
 
