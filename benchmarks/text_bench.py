@@ -8,14 +8,16 @@ shuffle on. Two scenarios: ``text`` (one dataset, prose) and ``text-mix`` (prose
 and code mixed 0.7/0.3). Loaders:
 
 * ``zephon-vl default``: ``for batch in Loader(text_recipe(...))``, `Execution()`;
-* ``raw limit``: the recipe's own `Tokenize`, `MinTokens`, `Pack` and collate on the
-  same documents in a tight loop in one process per core, each on its share, no loader,
-  no transfer (each process packs its own share into its own 4 open rows);
+* ``raw limit ...``: the recipe's own `Tokenize`, `MinTokens`, `Pack` and collate on the
+  same documents in a tight loop, no loader, no transfer, in several arrangements
+  (:mod:`zephon_bench.text_limit`: forked or spawned processes, threads); the best of
+  them is the limit the ratios use;
 * ``zephon 0.2.0 ...``: the original Zephon in its own virtual environment
   (:mod:`zephon_bench.text_peer`), threads or processes, ``--peer`` to leave it out.
 
 Each run is a fresh process watched from outside (`TreeMonitor`); it stops after
-``--rows`` rows. Rates are measured from 20% of the rows to the last; CPU is the
+``--rows`` rows. Rates are measured from 20% of the rows to the last (the raw limit's
+last: its first worker's last batch, while all worked); CPU is the
 whole process tree's (every worker's user + system time) over the same window, per
 1,000 rows and per token. Runs of all loaders are interleaved over the repetitions.
 """
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -36,8 +37,6 @@ from typing import Any
 
 SCENARIOS = {"text": {"prose": 1.0}, "text-mix": {"prose": 0.7, "code": 0.3}}
 SEQ_LEN, BATCH_ROWS, LANES, OPEN_ROWS = 2048, 16, 8, 4
-#: documents per `Tokenize.process_many` call in the raw limit
-GROUP = 32
 WARM = 0.2
 now = time.monotonic
 
@@ -76,22 +75,26 @@ def text_workloads(text: str) -> list[str]:
 
 def run_zephon(spec: TextSpec, params: dict) -> dict:
     """``for batch in Loader(recipe, 0, 1, execution)`` until `spec.rows` rows came."""
+    from zephon_bench.text_limit import document_checksums
+
     from zephon_core import Execution, Loader
 
     t_start = now()
     loader = Loader(spec.recipe(), 0, 1, Execution.from_flat(dict(params.get("execution", {}))))
-    events, rows = [], 0
+    events, rows, docs = [], 0, []
     try:
-        for _ in loader:
+        for batch in loader:
             meta = loader.last_meta
             tokens = sum(e - s for row in meta.rows for _, s, e in row)
             rows += len(meta.rows)
             events.append([now(), len(meta.rows), tokens])
+            if params.get("check"):  # each document's tokens, for the raw limit's test
+                docs += document_checksums(batch, [[(s, e) for _, s, e in r] for r in meta.rows])
             if rows >= spec.rows:
                 break
     finally:
         loader.close()
-    return {"t_start": t_start, "events": events}
+    return {"t_start": t_start, "events": events, **({"documents": docs} if docs else {})}
 
 
 def mixed_lines(spec: TextSpec, count: int) -> list[tuple[int, bytes]]:
@@ -107,61 +110,6 @@ def mixed_lines(spec: TextSpec, count: int) -> list[tuple[int, bytes]]:
         out.append((names.index(n), lines[n][taken[n] % len(lines[n])]))
         taken[n] += 1
     return out
-
-
-def _limit_worker(spec: TextSpec, share: list[tuple[int, bytes]], quota: int, ready: Any,
-                  start: Any, out: Any) -> None:
-    from zephon_core import Element, MinTokens, Origin, Pack, Tokenize
-
-    recipe = spec.recipe()
-    tokenize = next(op for op in recipe.ops if isinstance(op, Tokenize))
-    min_tokens = next(op for op in recipe.ops if isinstance(op, MinTokens))
-    packer = next(op for op in recipe.ops if isinstance(op, Pack)).make(0, spec.seed)
-    tokenize.setup()  # the tokenizer loads before the clock starts, as in a loader's workers
-    ready.put(os.getpid())
-    start.wait()
-    events, batch, made = [], [], 0
-    for g in range(0, len(share), GROUP):
-        part = share[g:g + GROUP]
-        docs = tokenize.process_many([Element(g + j, json.loads(line))
-                                      for j, (_, line) in enumerate(part)])
-        docs = min_tokens.process_many([Element(g + j, d) for j, d in enumerate(docs)])
-        for j, ((dataset, _), doc) in enumerate(zip(part, docs, strict=True)):
-            if isinstance(doc, dict):
-                packer.push(Origin(g + j, dataset, 0, g + j, 0), doc)
-            while (row := packer.pop_row()) is not None:
-                batch.append(row)
-                if len(batch) == BATCH_ROWS:
-                    recipe.collate(batch)
-                    events.append([now(), len(batch), sum(r.num_tokens for r in batch)])
-                    made += len(batch)
-                    batch = []
-        if made >= quota:
-            break
-    out.put(events)
-
-
-def run_limit(spec: TextSpec, params: dict) -> dict:
-    """The raw limit: the recipe's operators in a tight loop, one process per core."""
-    procs_n = int(params.get("processes") or os.cpu_count() or 1)
-    quota = -(-spec.rows // procs_n)
-    # documents enough for every process's quota, twice over (short ones fill rows slowly)
-    lines = mixed_lines(spec, max(64, spec.rows * SEQ_LEN // 200))
-    ctx = mp.get_context("fork")
-    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_limit_worker, daemon=True,
-                         args=(spec, lines[i::procs_n], quota, ready, start, out))
-             for i in range(procs_n)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
-    t_start = now()
-    start.set()
-    events = sorted(e for _ in procs for e in out.get(timeout=1800))
-    for p in procs:
-        p.join(timeout=10)
-    return {"t_start": t_start, "events": events, "processes": procs_n}
 
 
 def run_peer(spec: TextSpec, params: dict) -> dict:
@@ -182,6 +130,13 @@ def run_peer(spec: TextSpec, params: dict) -> dict:
     t_start = now()
     result = run(job, Path(params["python"]), work)
     return {**result, "t_start": t_start}
+
+
+def run_limit(spec: TextSpec, params: dict) -> dict:
+    """The raw limit in one arrangement (:mod:`zephon_bench.text_limit`)."""
+    from zephon_bench.text_limit import run_limit as run
+
+    return run(spec, params)
 
 
 RUNNERS = {"zephon": run_zephon, "limit": run_limit, "peer": run_peer}
@@ -264,10 +219,14 @@ def metrics(result: dict, series: Any) -> dict:
 
 def configurations(quick: bool, ncpu: int, families: set[str], peer: dict | None) -> list[dict]:
     """zephon-vl's default (and, in a full run, its threads runner and 32 documents a
-    group), the raw limit, and the peer's threads and processes runners (`peer`: its
-    interpreter and work folder; None leaves it out)."""
-    cfgs = [{"name": "zephon-vl default", "family": "zephon", "params": {}},
-            {"name": "raw limit", "family": "limit", "params": {"processes": ncpu}}]
+    group), the raw limit's arrangements, and the peer's threads and processes runners
+    (`peer`: its interpreter and work folder; None leaves it out)."""
+    cfgs = [{"name": "zephon-vl default", "family": "zephon", "params": {}}]
+    cfgs += [{"name": f"raw limit {ncpu} {label}", "family": "limit", "params": params}
+             for label, params in (("processes", {"processes": ncpu}),
+                                   ("spawned processes",
+                                    {"processes": ncpu, "start_method": "spawn"}),
+                                   ("threads", {"threads": ncpu}))]
     if not quick:  # the tokenizer releases the GIL: threads share one loaded tokenizer
         cfgs.append({"name": "zephon-vl threads", "family": "zephon",
                      "params": {"execution": {"runner": "threads"}}})
@@ -293,21 +252,28 @@ def summarize(runs: list[dict]) -> dict:
             else None for k in keys} | {"runs": len(ok), "failed": len(runs) - len(ok)}
 
 
+def _best(med: dict, prefix: str) -> tuple[str | None, float | None]:
+    """The configuration named `prefix`... with the highest median tokens/s, and that rate."""
+    rates = {k: v["tokens_per_s"] for k, v in med.items()
+             if k.startswith(prefix) and v.get("tokens_per_s")}
+    best = max(rates, key=rates.get) if rates else None
+    return best, rates.get(best)
+
+
 def ratios(scenario: dict) -> dict:
-    """zephon-vl default against the raw limit and the peer's best (tokens/s)."""
+    """zephon-vl default against the raw limit (the best of its arrangements: `limit_best`)
+    and the peer's best (tokens/s); `above_limit`: the loaders faster than that limit."""
     med = scenario["medians"]
     ours = (med.get("zephon-vl default") or {}).get("tokens_per_s")
-    limit = (med.get("raw limit") or {}).get("tokens_per_s")
-    peers = {k: v["tokens_per_s"] for k, v in med.items()
-             if k.startswith("zephon 0.2.0") and v["tokens_per_s"]}
-    best = max(peers, key=peers.get) if peers else None
-    out = {"peer_best": best}
+    limit_name, limit = _best(med, "raw limit")
+    best, peer = _best(med, "zephon 0.2.0")
+    out = {"limit_best": limit_name, "peer_best": best}
     if ours and limit:
         out["default_to_limit"] = ours / limit
-    if ours and best:
-        out["default_to_peer_best"] = ours / peers[best]
+    if ours and peer:
+        out["default_to_peer_best"] = ours / peer
     for k, v in med.items():
-        if limit and v.get("tokens_per_s") and v["tokens_per_s"] > limit and k != "raw limit":
+        if limit and (v.get("tokens_per_s") or 0.0) > limit and not k.startswith("raw limit"):
             out.setdefault("above_limit", []).append(k)
     return out
 
