@@ -153,3 +153,26 @@ def test_a_blank_has_the_planned_layout(shards, tmp_path_factory):
         assert (blank.grid_thw == decoded.grid_thw).all()
         if blank.pixel_values.dtype == np.uint8:
             assert not blank.pixel_values.any()
+
+
+def test_each_item_waits_in_its_smaller_form(tmp_path_factory):
+    """With the decode after the packer an image whose encoded bytes outweigh its resized
+    pixels (a noisy PNG brought down to the budget) is decoded before the packer: held
+    planned it would cost an open bin more, not less. A small JPEG stays planned."""
+    import io
+
+    from PIL import Image
+
+    from zephon_vl.media.planned import items_for_the_packer
+
+    image = ImageSettings(max_pixels=64 * 28 * 28)
+    noise = np.random.default_rng(0).integers(0, 256, (900, 900, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(noise).save(png, format="PNG")
+    jpeg = demo_samples_by_kind(tmp_path_factory)["caption"][1]["jpg"]
+    big, small = plan_image(png.getvalue(), image, "n.png"), plan_image(jpeg, image, "j.jpg")
+    assert isinstance(big, PlannedItem) and isinstance(small, PlannedItem)
+    assert big.smaller_decoded() and not small.smaller_decoded()
+    held = items_for_the_packer([big, small])
+    assert isinstance(held[0], np.ndarray) and (held[0] == big.decode().pixel_values).all()
+    assert held[1] is small

@@ -29,8 +29,8 @@ from zephon_vl.media.video import (
     read_video_reference,
 )
 
-__all__ = ["ClipReference", "PlannedItem", "decoded_rows", "item_pixels", "plan_clip_reference",
-           "plan_image", "plan_video"]
+__all__ = ["ClipReference", "PlannedItem", "decoded_rows", "item_pixels", "items_for_the_packer",
+           "plan_clip_reference", "plan_image", "plan_video"]
 
 
 class ClipReference(NamedTuple):
@@ -100,6 +100,16 @@ class PlannedItem:
             return self
         return dataclasses.replace(self, data=self.data.tobytes())
 
+    def smaller_decoded(self) -> bool:
+        """Its decoded pixels take less room than its encoded bytes (a full-size photo
+        resized down to the model's budget): such an item is cheaper to hold in an open
+        bin and to hand over decoded, so the decode after the packer leaves it to the
+        tokenizer. A clip named by reference is a name: never."""
+        if isinstance(self.data, ClipReference):
+            return False
+        g = self.geometry
+        return g.frames * g.height * g.width * 3 < len(self.data)
+
     def blank(self) -> VisionPatches:
         """The patch rows of a black item of the planned size: every pixel 0 before
         normalization (what the normalization makes of 0), laid out as the decode lays out
@@ -165,6 +175,15 @@ def item_pixels(items: list[PlannedItem | VisionPatches], decode: bool = True) -
     for its length is never decoded)."""
     return [(v.decode().pixel_values if decode else v) if isinstance(v, PlannedItem)
             else v.pixel_values for v in items]
+
+
+def items_for_the_packer(items: list[PlannedItem | VisionPatches]) -> list[Any]:
+    """A payload's ``pixel_values`` when the decode follows the packer: each item in the
+    smaller of its two forms, planned (its encoded bytes or its name) or decoded
+    (`PlannedItem.smaller_decoded`). Which form depends on the item alone, so the rows are
+    the same at every D, runner and resume."""
+    return [(v.decode().pixel_values if v.smaller_decoded() else v)
+            if isinstance(v, PlannedItem) else v.pixel_values for v in items]
 
 
 def decoded_rows(rows: list[np.ndarray | PlannedItem]) -> list[np.ndarray]:

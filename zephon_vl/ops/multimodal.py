@@ -49,6 +49,7 @@ from zephon_vl.media.image import IMAGE_EXTS, ImageSettings, VisionPatches, proc
 from zephon_vl.media.planned import (
     PlannedItem,
     item_pixels,
+    items_for_the_packer,
     plan_clip_reference,
     plan_image,
     plan_video,
@@ -315,6 +316,14 @@ class TokenizeMultimodal(TokenizerTransform):
         self.decode_planned = decode_planned
         self._ids: Any = None
 
+    def _pixels(self, items: list[Any], refused: bool) -> list[Any]:
+        """The items as the packer gets them: a sample it refuses for its length
+        (`refused`) is never decoded; with `decode_planned` the rest is; without (the
+        decode follows the packer) each item is held in its smaller form."""
+        if refused:
+            return item_pixels(items, decode=False)
+        return item_pixels(items) if self.decode_planned else items_for_the_packer(items)
+
     def settings(self) -> dict:
         chat = self.chat.settings()
         return {"tokenizer": self._identity, "merge_size": self.merge_size,
@@ -392,8 +401,7 @@ class TokenizeMultimodal(TokenizerTransform):
             "tokens": np.concatenate(tokens).astype(np.int32),
             "targets": np.concatenate(targets),
             "costs": {"vision_tokens": vision_tokens, "images": len(kept)},
-            # a sample the packer refuses for its length is never decoded
-            "pixel_values": item_pixels(kept, decode=self.decode_planned and not (
-                self.overlong == "drop" and total > self.max_tokens)),
+            "pixel_values": self._pixels(kept, self.overlong == "drop"
+                                         and total > self.max_tokens),
             "grid_thw": [v.grid_thw for v in kept],
         }
