@@ -228,8 +228,9 @@ def configurations(quick: bool, ncpu: int, families: set[str], peer: dict | None
                                     {"processes": ncpu, "start_method": "spawn"}),
                                    ("threads", {"threads": ncpu}))]
     if not quick:  # the tokenizer releases the GIL: threads share one loaded tokenizer
-        cfgs.append({"name": "zephon-vl threads", "family": "zephon",
-                     "params": {"execution": {"runner": "threads"}}})
+        # (one thread a stage unless told: as many as the processes of the default)
+        cfgs.append({"name": f"zephon-vl threads x{ncpu}", "family": "zephon",
+                     "params": {"execution": {"runner": "threads", "default_workers": ncpu}}})
         # cheap documents: fewer, larger groups halve the driver's per-group work (counted
         # by scripts/text_driver_cost.py); measured here before it could become a default
         cfgs.append({"name": "zephon-vl group_size 32", "family": "zephon",
