@@ -101,7 +101,7 @@ class PlannedItem:
         return dataclasses.replace(self, data=self.data.tobytes())
 
     def smaller_decoded(self) -> bool:
-        """Its decoded pixels take less room than its encoded bytes (a full-size photo
+        """Its decoded pixels take less room than its encoded bytes (a large noisy PNG
         resized down to the model's budget): such an item is cheaper to hold in an open
         bin and to hand over decoded, so the decode after the packer leaves it to the
         tokenizer. A clip named by reference is a name: never."""
