@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "Segment": "zephon_core.ops.contract",
     "StageFn": "zephon_core.ops.contract",
     "RowTransform": "zephon_core.ops.row_transform",
+    "RowStageFn": "zephon_core.ops.row_transform",
     "RowFiller": "zephon_core.ops.pack",
     # readers and formats
     "ShardReader": "zephon_core.data.readers",

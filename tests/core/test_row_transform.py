@@ -4,6 +4,7 @@ any runner, the rows the same at every D, runner and resume."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -184,3 +185,34 @@ def test_fused_row_transforms_take_their_parts_where_they_run():
     with _world(SPEC, 2, procs, both) as w:
         assert len(w.loaders[0].plan.row_stages) == 1  # fused: one stage
         assert w.digests(5) == ref
+
+
+class SleepRows(RowTransform):
+    """Each part is a number of seconds to sleep: rows of uneven cost."""
+
+    name = "sleep_rows"
+
+    def process_rows(self, rows: list[float]) -> list[float]:
+        for seconds in rows:
+            time.sleep(seconds)
+        return rows
+
+
+def test_a_row_goes_to_an_idle_worker_not_behind_a_long_one():
+    """Rows come one at a time and differ in cost (one image or eight); queued on a busy
+    worker behind a long one, a row waits while another worker idles."""
+    from zephon_core import Element, RunnerKind
+    from zephon_core.extend import RowStageFn
+    from zephon_core.internals import RunnerSpec, make_runner
+
+    runner = make_runner(RunnerSpec(RunnerKind.PROCESSES, 2, "sleep_rows"),
+                         RowStageFn([SleepRows()]))
+    try:
+        for f in [runner.submit([Element(i, 0.0, None)]) for i in range(4)]:
+            f.result(timeout=60)  # both workers up
+        slow = runner.submit([Element(0, 6.0, None)])
+        quick = runner.submit([Element(1, 0.0, None)])
+        assert quick.result(timeout=4.0) == [0.0]
+        assert not slow.done()
+    finally:
+        runner.close()

@@ -302,17 +302,25 @@ class ProcessRunner(Runner, WorkerFailures):
         return self._free_by_pid.pop(pid, [])
 
     def _assign(self) -> None:
+        """Give pending groups to the least busy workers, up to `per_worker_inflight` each.
+
+        Least busy first, not worker by worker: groups often come one at a time (a lane's
+        rows, as the combiner makes them), and filling one worker's queue first would put
+        the second behind the first while another worker idles (rows differ in cost: one
+        image or eight)."""
         with self._lock:
             self._woken = False  # a task queued from here on wakes the dispatcher again
-            for i in range(self.workers):
-                while self._pending and len(self._assigned[i]) < self.per_worker_inflight:
-                    task = self._pending.popleft()
-                    task.attempts += 1
-                    if not self._assigned[i] and self._answered[i]:
-                        self._busy_since[i] = time.monotonic()
-                    self._assigned[i].append(task)
-                    released = self._released_for(self._procs[i].pid)
-                    self._sender.send(self._conns[i], (task.id, task.packed, released))
+            while self._pending:
+                i = min(range(self.workers), key=lambda j: len(self._assigned[j]))
+                if len(self._assigned[i]) >= self.per_worker_inflight:
+                    break
+                task = self._pending.popleft()
+                task.attempts += 1
+                if not self._assigned[i] and self._answered[i]:
+                    self._busy_since[i] = time.monotonic()
+                self._assigned[i].append(task)
+                released = self._released_for(self._procs[i].pid)
+                self._sender.send(self._conns[i], (task.id, task.packed, released))
 
     def _wait_s(self) -> float:
         """How long the dispatcher may sleep: 1 s, or until the next group deadline."""
