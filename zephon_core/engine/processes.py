@@ -302,12 +302,9 @@ class ProcessRunner(Runner, WorkerFailures):
         return self._free_by_pid.pop(pid, [])
 
     def _assign(self) -> None:
-        """Give pending groups to the least busy workers, up to `per_worker_inflight` each.
-
-        Least busy first, not worker by worker: groups often come one at a time (a lane's
-        rows, as the combiner makes them), and filling one worker's queue first would put
-        the second behind the first while another worker idles (rows differ in cost: one
-        image or eight)."""
+        """Give each pending group to the least busy worker (up to `per_worker_inflight`):
+        groups often come one at a time (a lane's rows), and filling one worker's queue
+        first put the second behind the first while another worker idled."""
         with self._lock:
             self._woken = False  # a task queued from here on wakes the dispatcher again
             while self._pending:
