@@ -39,9 +39,9 @@ from zephon_vl.media.image import (
     target_size,
 )
 from zephon_vl.media.video import VideoSettings, sample_frame_indices
-from zephon_vl.media.video_index import Source, open_source, read_video_index
+from zephon_vl.media.video_index import Source, VideoIndex, read_video_index
 
-__all__ = ["ItemGeometry", "grid_for", "image_geometry", "video_geometry"]
+__all__ = ["ItemGeometry", "grid_for", "image_geometry", "video_geometry", "video_plan"]
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: chunks that, after IDAT, may carry EXIF or XMP (and so an orientation)
@@ -118,13 +118,19 @@ def video_geometry(data: Source, image: ImageSettings, video: VideoSettings,
     """The grid `process_video` gives, from the container's index and stream header (no
     frame decoded); None where they cannot be trusted for it (see the module docstring),
     and for any error: the decode then reports it as before."""
+    found = video_plan(data, image, video, where)
+    return None if found is None else found[0]
+
+
+def video_plan(data: Source, image: ImageSettings, video: VideoSettings,
+               where: str = "?") -> tuple[ItemGeometry, VideoIndex] | None:
+    """`video_geometry` and the index it was read from, which the decode then seeks with
+    (`process_indexed_video`) instead of reading it again."""
     try:
         index = read_video_index(data)
         if index is None:
             return None
-        with open_source(data) as container:
-            ctx = container.streams.video[0].codec_context
-            w, h = ctx.width, ctx.height
+        w, h = index.frame_size
         if w < 1 or h < 1 or w * h > image.max_image_pixels:
             return None
         indices = sample_frame_indices(len(index.pts), index.fps, video,
@@ -132,4 +138,4 @@ def video_geometry(data: Source, image: ImageSettings, video: VideoSettings,
         th, tw = target_size(h, w, image, where, max_pixels=video.max_pixels_per_frame)
     except Exception:  # noqa: BLE001 - the decode reports what is wrong
         return None
-    return grid_for(len(indices), th, tw, image)
+    return grid_for(len(indices), th, tw, image), index

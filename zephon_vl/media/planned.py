@@ -20,11 +20,13 @@ import xxhash
 
 from zephon_core import BadSampleError
 from zephon_vl.media.geometry import VisionPatches
-from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_geometry
+from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_plan
 from zephon_vl.media.image import ImageSettings, finish_patches, process_image
 from zephon_vl.media.video import (
+    VideoIndex,
     VideoSettings,
     open_video_reference,
+    process_indexed_video,
     process_video,
     read_video_reference,
 )
@@ -63,6 +65,9 @@ class PlannedItem:
     image: ImageSettings
     #: the clip's frame sampling; None for a still image
     video: VideoSettings | None = None
+    #: the clip's packet index the plan read: the decode seeks with it rather than read
+    #: it again (None for a still image)
+    index: VideoIndex | None = None
 
     @property
     def grid_thw(self) -> np.ndarray:
@@ -132,17 +137,23 @@ class PlannedItem:
         if isinstance(self.data, ClipReference):
             assert self.video is not None, "a reference names a clip"
             with open_video_reference(*self.data) as f:
-                patches = process_video(f, self.image, self.video, self.where)
+                patches = self._clip_patches(f)
         elif self.video is None:
             patches = process_image(self.encoded(), self.image, self.where, one_frame=True)
         else:
-            patches = process_video(self.encoded(), self.image, self.video, self.where)
+            patches = self._clip_patches(self.encoded())
         got = tuple(int(x) for x in patches.grid_thw)
         if got != self.geometry.grid_thw:
             raise BadSampleError("planned_size_mismatch", self.where,
                                  f"the header gave a patch grid {self.geometry.grid_thw}, the "
                                  f"decoded pixels {got}")
         return patches
+
+    def _clip_patches(self, source: Any) -> VisionPatches:
+        assert self.video is not None, "a still image has no clip to decode"
+        if self.index is None:
+            return process_video(source, self.image, self.video, self.where)
+        return process_indexed_video(source, self.image, self.video, self.where, self.index)
 
 
 def _array(data: bytes) -> np.ndarray:
@@ -163,10 +174,10 @@ def plan_video(data: bytes, image: ImageSettings, video: VideoSettings,
                where: str) -> PlannedItem | VisionPatches:
     """A clip planned from its container index, or decoded now where that cannot be
     trusted (`header_geometry`)."""
-    geometry = video_geometry(data, image, video, where)
-    if geometry is None:
+    found = video_plan(data, image, video, where)
+    if found is None:
         return process_video(data, image, video, where)
-    return PlannedItem(_array(data), geometry, where, image, video)
+    return PlannedItem(_array(data), found[0], where, image, video, found[1])
 
 
 def item_pixels(items: list[PlannedItem | VisionPatches], decode: bool = True) -> list[Any]:
@@ -197,8 +208,8 @@ def plan_clip_reference(ref: Any, image: ImageSettings, video: VideoSettings, sa
     """A clip a sample names in `VideoSettings.video_folder`, planned from its index read
     by range, or decoded now where that cannot be trusted (as `plan_video`)."""
     with open_video_reference(ref, video.video_folder, sample) as f:
-        geometry = video_geometry(f, image, video, where)
-        if geometry is None:
+        found = video_plan(f, image, video, where)
+        if found is None:
             return process_video(f, image, video, where)
-    return PlannedItem(ClipReference(ref, video.video_folder, sample), geometry, where, image,
-                       video)
+    return PlannedItem(ClipReference(ref, video.video_folder, sample), found[0], where, image,
+                       video, found[1])

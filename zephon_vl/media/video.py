@@ -58,8 +58,8 @@ from zephon_vl.media.video_index import (
 )
 
 __all__ = ["VIDEO_DECODE", "VideoIndex", "VideoSettings", "decode_frames", "decode_plan",
-           "open_video_reference", "process_video", "read_video_index", "read_video_reference",
-           "sample_frame_indices", "video_location"]
+           "open_video_reference", "process_indexed_video", "process_video", "read_video_index",
+           "read_video_reference", "sample_frame_indices", "video_location"]
 
 #: How `process_video` reaches the kept frames (`VideoSettings.decode`).
 VIDEO_DECODE = ("auto", "seek", "sequential")
@@ -351,12 +351,20 @@ def decode_frames(
     Bad input raises BadSampleError. The frames do not depend on
     `video_settings.decode` or `decoder_threads` (see the module docstring).
     """
+    return _decode_frames(data, image_settings, video_settings, where, None)
+
+
+def _decode_frames(data: Source, image_settings: ImageSettings, video_settings: VideoSettings,
+                   where: str, index: VideoIndex | None) -> tuple[np.ndarray, str]:
+    """`decode_frames`, seeking with `index` where the caller read it already."""
     if isinstance(data, bytes | bytearray | memoryview) and not data:
         raise BadSampleError("corrupt_video", where, "empty input")
     how = "sequential"
     if video_settings.decode != "sequential":
         try:
-            plan = _seek_plan(read_video_index(data), image_settings, video_settings)
+            if index is None:
+                index = read_video_index(data)
+            plan = _seek_plan(index, image_settings, video_settings)
             if isinstance(plan, str):
                 how = f"sequential: {plan}"
             else:
@@ -386,6 +394,18 @@ def process_video(
     """
     warn_if_not_simd()
     frames, _ = decode_frames(data, image_settings, video_settings, where)
+    return finish_patches(frames, image_settings)
+
+
+def process_indexed_video(data: Source, image_settings: ImageSettings,
+                          video_settings: VideoSettings, where: str,
+                          index: VideoIndex) -> VisionPatches:
+    """`process_video` seeking with the clip's index read before (a planned clip's: the
+    index is a function of the bytes, so the pixels are the same; where the bytes changed
+    since, a frame the index did not predict sends the decode down the sequential path,
+    as for any seek)."""
+    warn_if_not_simd()
+    frames, _ = _decode_frames(data, image_settings, video_settings, where, index)
     return finish_patches(frames, image_settings)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import av
+import numpy as np
 
 from zephon_vl.media.mp4index import video_composition_offsets
 
@@ -62,6 +63,8 @@ class VideoIndex:
     fps: float | None
     #: "mp4 index" (the sample table) or "packet index" (a demux pass)
     source: str = "packet index"
+    #: the stream header's (width, height), read in the same open (a planner needs both)
+    frame_size: tuple[int, int] = (0, 0)
 
 
 def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
@@ -77,14 +80,21 @@ def _read_at(source: Source) -> tuple[Callable[[int, int], bytes], int]:
     return read_at, size
 
 
-def _sorted_index(pts: list[tuple[int, int]], keys: list[int], key_pts: list[int],
-                  header: int, fps: float | None, source: str) -> VideoIndex | None:
+def _sorted_index(pts: list[int], keys: list[int], key_pts: list[int], header: int,
+                  stream: av.video.stream.VideoStream, source: str) -> VideoIndex | None:
+    """The index in presentation order; None for a count unlike the header's, no keyframe
+    first, or a repeated pts (sorted in numpy: a long clip has thousands of packets, and
+    every plan and every seek decode reads its index)."""
     if not pts or len(pts) != header or not keys or keys[0] != 0:
         return None
-    pts.sort()
-    if any(a[0] == b[0] for a, b in zip(pts, pts[1:], strict=False)):
+    times = np.asarray(pts, dtype=np.int64)
+    order = np.argsort(times, kind="stable")
+    ordered = times[order]
+    if (ordered[1:] == ordered[:-1]).any():
         return None
-    return VideoIndex([p for p, _ in pts], [d for _, d in pts], keys, key_pts, fps, source)
+    ctx = stream.codec_context
+    return VideoIndex(ordered.tolist(), order.tolist(), keys, key_pts, native_fps(stream),
+                      source, (ctx.width, ctx.height))
 
 
 def _index_from_mp4(source: Source) -> VideoIndex | None:
@@ -105,7 +115,7 @@ def _index_from_mp4(source: Source) -> VideoIndex | None:
         entries = stream.index_entries
         if len(entries) != count or (offsets and len(offsets) != count):
             return None
-        pts: list[tuple[int, int]] = []
+        pts: list[int] = []
         keys: list[int] = []
         key_pts: list[int] = []
         for i, entry in enumerate(entries):
@@ -115,9 +125,8 @@ def _index_from_mp4(source: Source) -> VideoIndex | None:
             if entry.is_keyframe:
                 keys.append(i)
                 key_pts.append(t)
-            pts.append((t, i))
-        return _sorted_index(pts, keys, key_pts, stream.frames, native_fps(stream),
-                             "mp4 index")
+            pts.append(t)
+        return _sorted_index(pts, keys, key_pts, stream.frames, stream, "mp4 index")
 
 
 def _index_from_packets(source: Source) -> VideoIndex | None:
@@ -126,7 +135,7 @@ def _index_from_packets(source: Source) -> VideoIndex | None:
         if not container.streams.video:
             return None
         stream = container.streams.video[0]
-        pts: list[tuple[int, int]] = []
+        pts: list[int] = []
         keys: list[int] = []
         key_pts: list[int] = []
         for packet in container.demux(stream):
@@ -137,9 +146,8 @@ def _index_from_packets(source: Source) -> VideoIndex | None:
             if packet.is_keyframe:
                 keys.append(len(pts))
                 key_pts.append(packet.pts)
-            pts.append((packet.pts, len(pts)))
-        return _sorted_index(pts, keys, key_pts, stream.frames, native_fps(stream),
-                             "packet index")
+            pts.append(packet.pts)
+        return _sorted_index(pts, keys, key_pts, stream.frames, stream, "packet index")
 
 
 def read_video_index(source: Source) -> VideoIndex | None:
