@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -38,8 +39,10 @@ def hang_on_13(x: int) -> int:
 
 
 def sigbus_always(x: int) -> int:
-    """Dies as a worker writing into a full tmpfs mapping does."""
-    os.kill(os.getpid(), signal.SIGBUS)
+    """Dies as a worker writing into a full tmpfs mapping does: the fault's SIGBUS goes to
+    the thread that wrote (a signal sent to the process may reach another thread and end
+    the process only after this one has answered)."""
+    signal.pthread_kill(threading.get_ident(), signal.SIGBUS)
     return x
 
 

@@ -120,7 +120,33 @@ _MAIN_LOCK = threading.Lock()
 
 
 def worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
-    """Worker process loop: receive a group, run the stage, send results via shm."""
+    """Worker process: serve the driver's groups from a thread of its own (`_serve`).
+
+    Why a thread: glibc gives the main thread the process's main heap arena, which a
+    forked worker inherits from the driver with everything the driver allocated, and
+    every other thread an arena of its own. The same tokenizer calls cost 1.4-1.5 us of
+    CPU a token from a process's main thread and 1.0 in another thread (bundled Qwen
+    vocabulary, 2026-12-07; `MALLOC_ARENA_MAX=1`, one arena for all, makes both slow),
+    and forked workers spent more CPU in the JPEG decode than spawned ones. An error
+    that escapes the loop is raised again here, so the worker exits as before (code 1,
+    its traceback on stderr)."""
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            _serve(conn, fn_bytes, prefix, pool_bytes)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=serve, name="zephon-worker-loop", daemon=True)
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+
+
+def _serve(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
+    """Worker loop: receive a group, run the stage, send results via shm."""
     parent = os.getppid()
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
