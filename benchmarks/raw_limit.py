@@ -11,7 +11,8 @@ ordering, no checkpointable state, no per-stage queues. It tries three
 arrangements; the harness takes the best of them as "the limit":
 
 * ``{"processes": N}``: N forked processes (``"start_method": "spawn"``:
-  spawned ones, which do not share the parent's heap); each takes the next
+  spawned ones, which do not share the parent's heap), each working from a side
+  thread as zephon's workers do (`side_thread`); each takes the next
   sample from a shared counter (no process waits while another still has a
   share to finish), packs what it took, collates ``batch_rows`` rows and
   sends the batch through shared memory: zephon's own `SegmentPool` (files
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 from zephon_bench.e2e import _finish, _side, collate_rows, deliver, packed_rows
 from zephon_bench.loaders import Trace
+from zephon_bench.side_thread import in_own_thread
 from zephon_bench.workload import Work, WorkSpec
 
 from zephon_core import Pointer
@@ -167,8 +169,9 @@ def _run_processes(work: Work, n: int, method: str, trace: Trace, pixels: bool) 
     counter = ctx.Value("q", 0)
     items = list(enumerate(work.pointers))
     pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
-    procs = [ctx.Process(target=_worker, daemon=True, name=f"raw-limit-{i}",
-                         args=(work, items, counter, i, ready, start, finish, out, pipes[i][0]))
+    procs = [ctx.Process(target=in_own_thread, daemon=True, name=f"raw-limit-{i}",
+                         args=(_worker, work, items, counter, i, ready, start, finish, out,
+                               pipes[i][0]))
              for i in range(n)]
     for p in procs:
         p.start()

@@ -9,7 +9,8 @@ lines kept in memory (no file is read while timed, unlike any loader), and
 it tries several arrangements; the text benchmark takes the best as the limit:
 
 * ``{"processes": N}``: N forked processes (the parent's objects frozen for
-  the garbage collector across the fork, as zephon forks its workers);
+  the garbage collector across the fork, as zephon forks its workers), each
+  working from a side thread, as zephon's workers do (`side_thread`);
   ``"start_method": "spawn"``: spawned ones, which load everything afresh;
 * ``{"threads": N}``: N threads sharing the loaded tokenizer (it holds the
   GIL while it encodes: this arrangement shows what threads can reach).
@@ -36,6 +37,8 @@ import time
 import traceback
 import zlib
 from typing import Any
+
+from zephon_bench.side_thread import in_own_thread
 
 #: documents per `Tokenize.process_many` call (zephon's `group_size`: 8 by default;
 #: 8, 32 and 128 cost the same CPU per token, measured: the tokenizer is nearly all of it)
@@ -230,8 +233,9 @@ def _run_processes(spec: Any, lines: list, n: int, method: str,
     ctx = mp.get_context(method)
     cells, start, out = ctx.Array("q", 2), ctx.Event(), ctx.Queue()
     given = lines if method == "fork" else None
-    procs = [ctx.Process(target=_process_main, daemon=True, name=f"text-limit-{i}",
-                         args=(spec, given, len(lines), cells, i, check, start, out))
+    procs = [ctx.Process(target=in_own_thread, daemon=True, name=f"text-limit-{i}",
+                         args=(_process_main, spec, given, len(lines), cells, i, check, start,
+                               out))
              for i in range(n)]
     if method == "fork":
         gc.freeze()  # the children's collections skip what they inherit (zephon does this)
