@@ -11,8 +11,9 @@ ordering, no checkpointable state, no per-stage queues. It tries three
 arrangements; the harness takes the best of them as "the limit":
 
 * ``{"processes": N}``: N forked processes (``"start_method": "spawn"``:
-  spawned ones, which do not share the parent's heap), each working from a side
-  thread as zephon's workers do (`side_thread`); each takes the next
+  spawned ones, which do not share the parent's heap), each set up in its main
+  thread and working from a side thread as zephon's workers do (`side_thread`);
+  each takes the next
   sample from a shared counter (no process waits while another still has a
   share to finish), packs what it took, collates ``batch_rows`` rows and
   sends the batch through shared memory: zephon's own `SegmentPool` (files
@@ -136,8 +137,9 @@ def _claim(counter: Any, n: int) -> int | None:
 
 def _worker(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int,
             ready: Any, start: Any, finish: Any, out: Any, freed: Any) -> None:
-    """One process: set up, wait for the start, then take samples until none is left,
-    sending each collated batch through its pool; the files stay until `finish`."""
+    """One process: set up in its main thread, wait for the start, then take samples until
+    none is left from a side thread (`side_thread`), sending each collated batch through
+    its pool; the files stay until `finish`."""
     from zephon_core.internals import SegmentPool
 
     pool = None
@@ -148,12 +150,7 @@ def _worker(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int
         finally:
             ready.put(wid)  # a set-up that failed is reported on `out` below
         start.wait()
-        docs = (work.process(*items[i]) for i in iter(lambda: _claim(counter, len(items)),
-                                                         None))
-        for batch in batches(work, docs):
-            while freed.poll():  # the files of the batches the main process let go of
-                pool.release([freed.recv()])
-            out.put((wid, "batch", pool.pack([collate_rows(work, batch, as_numpy=True)])))
+        in_own_thread(_send_batches, work, items, counter, wid, out, freed, pool)
         out.put((wid, "done", None))
         finish.wait(WAIT_S)  # the main process has mapped every file sent
     except BaseException:  # noqa: BLE001 - the main process raises it with its traceback
@@ -163,15 +160,23 @@ def _worker(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int
             pool.close()
 
 
+def _send_batches(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int,
+                  out: Any, freed: Any, pool: Any) -> None:
+    docs = (work.process(*items[i]) for i in iter(lambda: _claim(counter, len(items)), None))
+    for batch in batches(work, docs):
+        while freed.poll():  # the files of the batches the main process let go of
+            pool.release([freed.recv()])
+        out.put((wid, "batch", pool.pack([collate_rows(work, batch, as_numpy=True)])))
+
+
 def _run_processes(work: Work, n: int, method: str, trace: Trace, pixels: bool) -> None:
     ctx = mp.get_context(method)
     ready, out, start, finish = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     counter = ctx.Value("q", 0)
     items = list(enumerate(work.pointers))
     pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
-    procs = [ctx.Process(target=in_own_thread, daemon=True, name=f"raw-limit-{i}",
-                         args=(_worker, work, items, counter, i, ready, start, finish, out,
-                               pipes[i][0]))
+    procs = [ctx.Process(target=_worker, daemon=True, name=f"raw-limit-{i}",
+                         args=(work, items, counter, i, ready, start, finish, out, pipes[i][0]))
              for i in range(n)]
     for p in procs:
         p.start()

@@ -2,9 +2,11 @@
 
 glibc gives a process's main thread the main heap arena (a forked process inherits
 the parent's, with all the parent allocated) and every other thread an arena of its
-own; the same tokenizer calls cost about 1.4x the CPU in the main thread (2026-12-07,
-`MALLOC_ARENA_MAX=1` makes both slow). A raw limit has to be the best arrangement of
-the work, so its processes work from a side thread too.
+own. The same tokenizer calls cost 1.3-1.5 us of CPU a token in the main thread, 1.7 in
+a thread that also loaded the tokenizer, 1.0-1.2 in a thread apart from where it was
+loaded (2026-12-07; `MALLOC_ARENA_MAX=1` makes every case slow). A raw limit has to be
+the best arrangement of the work, so its processes load in the main thread and work
+from a side thread, as zephon's workers do.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ it tries several arrangements; the text benchmark takes the best as the limit:
 
 * ``{"processes": N}``: N forked processes (the parent's objects frozen for
   the garbage collector across the fork, as zephon forks its workers), each
-  working from a side thread, as zephon's workers do (`side_thread`);
+  loading the tokenizer in its main thread and working from a side thread, as
+  zephon's workers do (`side_thread`);
   ``"start_method": "spawn"``: spawned ones, which load everything afresh;
 * ``{"threads": N}``: N threads sharing the loaded tokenizer (it holds the
   GIL while it encodes: this arrangement shows what threads can reach).
@@ -215,6 +216,8 @@ def _run_threads(spec: Any, lines: list, n: int, check: bool) -> tuple[list[dict
 
 def _process_main(spec: Any, lines: list | None, count: int, cells: Any, wid: int,
                   check: bool, start: Any, out: Any) -> None:
+    """One process: the tokenizer loaded in its main thread, the work in a side thread
+    (`side_thread`: the fastest arrangement of the two)."""
     try:
         if lines is None:  # spawned: the documents are made here (deterministic)
             from zephon_bench.text_bench import mixed_lines
@@ -223,7 +226,9 @@ def _process_main(spec: Any, lines: list | None, count: int, cells: Any, wid: in
         shared = _Shared(cells, cells.get_lock(), len(lines), spec.rows)
         ops = _ops(spec)
         out.put(("ready", wid, None))
-        out.put(("done", wid, _produce(spec, lines, shared, check, ops, start)))
+        done: list[dict] = []
+        in_own_thread(lambda: done.append(_produce(spec, lines, shared, check, ops, start)))
+        out.put(("done", wid, done[0]))
     except BaseException:  # noqa: BLE001 - the main process raises it with its traceback
         out.put(("error", wid, traceback.format_exc()))
 
@@ -233,9 +238,8 @@ def _run_processes(spec: Any, lines: list, n: int, method: str,
     ctx = mp.get_context(method)
     cells, start, out = ctx.Array("q", 2), ctx.Event(), ctx.Queue()
     given = lines if method == "fork" else None
-    procs = [ctx.Process(target=in_own_thread, daemon=True, name=f"text-limit-{i}",
-                         args=(_process_main, spec, given, len(lines), cells, i, check, start,
-                               out))
+    procs = [ctx.Process(target=_process_main, daemon=True, name=f"text-limit-{i}",
+                         args=(spec, given, len(lines), cells, i, check, start, out))
              for i in range(n)]
     if method == "fork":
         gc.freeze()  # the children's collections skip what they inherit (zephon does this)

@@ -120,21 +120,26 @@ _MAIN_LOCK = threading.Lock()
 
 
 def worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
-    """Worker process: serve the driver's groups from a thread of its own (`_serve`).
+    """Worker process: set the stage up in the main thread, then serve the driver's groups
+    from a thread of its own (`_serve`).
 
-    Why a thread: glibc gives the main thread the process's main heap arena, which a
-    forked worker inherits from the driver with everything the driver allocated, and
-    every other thread an arena of its own. The same tokenizer calls cost 1.4-1.5 us of
-    CPU a token from a process's main thread and 1.0 in another thread (bundled Qwen
-    vocabulary, 2026-12-07; `MALLOC_ARENA_MAX=1`, one arena for all, makes both slow),
-    and forked workers spent more CPU in the JPEG decode than spawned ones. An error
-    that escapes the loop is raised again here, so the worker exits as before (code 1,
-    its traceback on stderr)."""
+    Why: glibc gives the main thread the process's main heap arena (a forked worker
+    inherits the driver's, with all the driver allocated) and every other thread an arena
+    of its own, and a loop whose short-lived allocations share an arena with a loaded
+    model's long-lived ones pays for it. The same tokenizer calls cost 1.3-1.5 us of CPU a
+    token from the main thread, 1.7 from a thread that also loaded the tokenizer, and
+    1.0-1.2 from a thread apart from where it was loaded (bundled Qwen vocabulary, forked
+    processes, 2026-12-07; `MALLOC_ARENA_MAX=1` makes every case slow). An error that
+    escapes the loop is raised again here, so the worker exits as before (code 1, its
+    traceback on stderr)."""
+    parent = os.getppid()
+    fn: StageFn = pickle.loads(fn_bytes)
+    fn.setup()
     failed: list[BaseException] = []
 
     def serve() -> None:
         try:
-            _serve(conn, fn_bytes, prefix, pool_bytes)
+            _serve(conn, fn, prefix, pool_bytes, parent)
         except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
             failed.append(exc)
 
@@ -145,11 +150,8 @@ def worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int)
         raise failed[0]
 
 
-def _serve(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int) -> None:
+def _serve(conn: Connection, fn: StageFn, prefix: str, pool_bytes: int, parent: int) -> None:
     """Worker loop: receive a group, run the stage, send results via shm."""
-    parent = os.getppid()
-    fn: StageFn = pickle.loads(fn_bytes)
-    fn.setup()
     pool = shm.SegmentPool(prefix, pool_bytes)
     conn.send(("ready", -1, None, ()))
     while _driver_alive(conn, parent):
