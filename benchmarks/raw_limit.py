@@ -12,7 +12,8 @@ arrangements; the harness takes the best of them as "the limit":
 
 * ``{"processes": N}``: N forked processes (``"start_method": "spawn"``:
   spawned ones, which do not share the parent's heap), each set up in its main
-  thread and working from a side thread as zephon's workers do (`side_thread`);
+  thread and working from a side thread as zephon's workers do
+  (`zephon_core.internals.in_own_thread`);
   each takes the next
   sample from a shared counter (no process waits while another still has a
   share to finish), packs what it took, collates ``batch_rows`` rows and
@@ -41,7 +42,6 @@ from typing import Any
 import numpy as np
 from zephon_bench.e2e import _finish, _side, collate_rows, deliver, packed_rows
 from zephon_bench.loaders import Trace
-from zephon_bench.side_thread import in_own_thread
 from zephon_bench.workload import Work, WorkSpec
 
 from zephon_core import Pointer
@@ -138,9 +138,9 @@ def _claim(counter: Any, n: int) -> int | None:
 def _worker(work: Work, items: list[tuple[int, Pointer]], counter: Any, wid: int,
             ready: Any, start: Any, finish: Any, out: Any, freed: Any) -> None:
     """One process: set up in its main thread, wait for the start, then take samples until
-    none is left from a side thread (`side_thread`), sending each collated batch through
-    its pool; the files stay until `finish`."""
-    from zephon_core.internals import SegmentPool
+    none is left from a side thread (`zephon_core.internals.in_own_thread`), sending each
+    collated batch through its pool; the files stay until `finish`."""
+    from zephon_core.internals import SegmentPool, in_own_thread
 
     pool = None
     try:

@@ -11,7 +11,7 @@ it tries several arrangements; the text benchmark takes the best as the limit:
 * ``{"processes": N}``: N forked processes (the parent's objects frozen for
   the garbage collector across the fork, as zephon forks its workers), each
   loading the tokenizer in its main thread and working from a side thread, as
-  zephon's workers do (`side_thread`);
+  zephon's workers do (`zephon_core.internals.in_own_thread`);
   ``"start_method": "spawn"``: spawned ones, which load everything afresh;
 * ``{"threads": N}``: N threads sharing the loaded tokenizer (it holds the
   GIL while it encodes: this arrangement shows what threads can reach).
@@ -38,8 +38,6 @@ import time
 import traceback
 import zlib
 from typing import Any
-
-from zephon_bench.side_thread import in_own_thread
 
 #: documents per `Tokenize.process_many` call (zephon's `group_size`: 8 by default;
 #: 8, 32 and 128 cost the same CPU per token, measured: the tokenizer is nearly all of it)
@@ -217,7 +215,9 @@ def _run_threads(spec: Any, lines: list, n: int, check: bool) -> tuple[list[dict
 def _process_main(spec: Any, lines: list | None, count: int, cells: Any, wid: int,
                   check: bool, start: Any, out: Any) -> None:
     """One process: the tokenizer loaded in its main thread, the work in a side thread
-    (`side_thread`: the fastest arrangement of the two)."""
+    (`zephon_core.internals.in_own_thread`: the faster arrangement)."""
+    from zephon_core.internals import in_own_thread
+
     try:
         if lines is None:  # spawned: the documents are made here (deterministic)
             from zephon_bench.text_bench import mixed_lines

@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "SegmentPool": "zephon_core.engine.shm",
     "Packed": "zephon_core.engine.shm",
     "unpack": "zephon_core.engine.shm",
+    # a worker process's work runs in a thread of its own (its own heap arena)
+    "in_own_thread": "zephon_core.engine.workers",
     # a checkpoint's inside: the envelope, a lane's snapshot, its combiner's bins
     "CHECKPOINT_FORMAT": "zephon_core.engine.checkpoint:FORMAT",
     "migrate_state": "zephon_core.engine.checkpoint",

@@ -18,8 +18,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 from zephon_core.engine import shm
 from zephon_core.engine.runner_base import timed_call
@@ -135,17 +136,24 @@ def worker_main(conn: Connection, fn_bytes: bytes, prefix: str, pool_bytes: int)
     parent = os.getppid()
     fn: StageFn = pickle.loads(fn_bytes)
     fn.setup()
+    in_own_thread(_serve, conn, fn, prefix, pool_bytes, parent)
+
+
+def in_own_thread(target: Callable[..., None], *args: Any) -> None:
+    """``target(*args)`` in a new thread, waited for; what it raises is raised here. A
+    process's work from a thread apart from its main one gets a heap arena of its own
+    (`worker_main` says why that matters; the raw limits of the benchmarks use it too)."""
     failed: list[BaseException] = []
 
-    def serve() -> None:
+    def run() -> None:
         try:
-            _serve(conn, fn, prefix, pool_bytes, parent)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
             failed.append(exc)
 
-    worker = threading.Thread(target=serve, name="zephon-worker-loop", daemon=True)
-    worker.start()
-    worker.join()
+    thread = threading.Thread(target=run, name="zephon-worker-loop", daemon=True)
+    thread.start()
+    thread.join()
     if failed:
         raise failed[0]
 
