@@ -191,6 +191,7 @@ def test_a_planned_clip_opens_its_container_once_to_plan_and_once_to_decode(vide
 
     _, _, folder, samples = videos
     vs = VideoSettings(video_folder=str(folder), max_frames=4)
+    want = process_video(samples[0]["mp4"], ImageSettings(), vs)
     opened = []
     real_open = av.open
     monkeypatch.setattr(av, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
@@ -203,7 +204,4 @@ def test_a_planned_clip_opens_its_container_once_to_plan_and_once_to_decode(vide
         assert len(opened) == 1, "the plan opened the clip more than once"
         pixels = planned.decode().pixel_values
         assert len(opened) == 2, "the decode read the index again"
-        monkeypatch.setattr(av, "open", real_open)
-        want = process_video(samples[0]["mp4"], ImageSettings(), vs)
-        monkeypatch.setattr(av, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
         assert (pixels == want.pixel_values).all()

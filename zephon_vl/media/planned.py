@@ -151,8 +151,6 @@ class PlannedItem:
 
     def _clip_patches(self, source: Any) -> VisionPatches:
         assert self.video is not None, "a still image has no clip to decode"
-        if self.index is None:
-            return process_video(source, self.image, self.video, self.where)
         return process_indexed_video(source, self.image, self.video, self.where, self.index)
 
 

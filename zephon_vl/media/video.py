@@ -392,18 +392,16 @@ def process_video(
 
     Bad input raises BadSampleError; see `decode_frames`.
     """
-    warn_if_not_simd()
-    frames, _ = decode_frames(data, image_settings, video_settings, where)
-    return finish_patches(frames, image_settings)
+    return process_indexed_video(data, image_settings, video_settings, where, None)
 
 
 def process_indexed_video(data: Source, image_settings: ImageSettings,
                           video_settings: VideoSettings, where: str,
-                          index: VideoIndex) -> VisionPatches:
+                          index: VideoIndex | None) -> VisionPatches:
     """`process_video` seeking with the clip's index read before (a planned clip's: the
     index is a function of the bytes, so the pixels are the same; where the bytes changed
     since, a frame the index did not predict sends the decode down the sequential path,
-    as for any seek)."""
+    as for any seek); None reads it here."""
     warn_if_not_simd()
     frames, _ = _decode_frames(data, image_settings, video_settings, where, index)
     return finish_patches(frames, image_settings)
