@@ -194,6 +194,11 @@ def test_auto_moves_workers_toward_an_expensive_operator_and_batches_are_unchang
             got.append(w.digest(w.step()))
         split = loader.sizer.changes[-1][1]
         assert split == {"read": 1, "tokens": 3}, loader.sizer.changes
+        # the runner starts its third worker when its dispatcher thread next wakes (resize
+        # only asks): right after the step that decided it, it may still run two
+        until = time.monotonic() + 30
+        while loader.runners[1].workers != 3 and time.monotonic() < until:
+            time.sleep(0.01)
         assert loader.runners[1].workers == 3 and loader.plan.stages[1].workers == 3
         assert "tokens" in loader.explain() and loader.metrics().stages[1].workers == 3
     with World(spec, 1) as ref:

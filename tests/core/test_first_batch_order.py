@@ -7,9 +7,19 @@ later steps came before the last lanes' first documents.
 
 from __future__ import annotations
 
-from tests.helpers.core import PROCESSED, Spec, build_recipe, recording_tokens, run_digests
+import numpy as np
+
+from tests.helpers.core import (
+    PROCESSED,
+    Spec,
+    build_recipe,
+    recording_tokens,
+    run_digests,
+    to_tokens,
+)
 from zephon_core import Execution, Loader
 from zephon_core.engine.lane import GROUP_CPU_S
+from zephon_core.engine.plan import GROUP_SIZE, SMALL_GROUP_SIZE, SMALL_OUTPUT_BYTES
 from zephon_core.records import Pointer
 
 LANES = 8
@@ -44,7 +54,7 @@ def test_first_groups_change_no_batch() -> None:
         assert run_digests(spec, 2, ex, steps=8) == ref
 
 
-def submitted_sizes(map_fn: object, group_size: int, steps: int) -> tuple[list, list]:
+def submitted_sizes(map_fn: object, group_size: int | None, steps: int) -> tuple[list, list]:
     """Sizes of the groups the lanes sent before the first batch came back, and after."""
     from zephon_core.engine.plan import Plan
 
@@ -76,3 +86,27 @@ def test_cheap_samples_keep_whole_groups_costly_ones_go_in_small_ones() -> None:
     assert later and max(later) <= int(GROUP_CPU_S / 0.03), later
     first, later = submitted_sizes(None, 16, 6)
     assert first[0] == 1 and max(first) == 16, first  # whole once measured cheap
+
+
+def with_pixels(payload: dict) -> dict:
+    """A cheap document that carries more than a small output's bytes (like a photo)."""
+    out = to_tokens(payload)
+    out["pixels"] = np.zeros(SMALL_OUTPUT_BYTES + 1, dtype=np.uint8)
+    return out
+
+
+def test_cheap_small_documents_go_in_larger_groups_without_changing_a_batch() -> None:
+    # by default, token ids alone (small outputs) go up to SMALL_GROUP_SIZE a call: the
+    # sample cap guards memory against decoded media, and every call costs the driver
+    # about the same (issue 39); documents with pixels keep the cap of GROUP_SIZE
+    first, later = submitted_sizes(None, None, 8)
+    assert first[0] == 1, first
+    assert GROUP_SIZE < max(first + later) <= SMALL_GROUP_SIZE, (first, later)
+    first, later = submitted_sizes(with_pixels, None, 8)
+    assert max(first + later) == GROUP_SIZE, (first, later)
+    first, later = submitted_sizes(None, 4, 8)  # a group size the user set is kept
+    assert max(first + later) == 4, (first, later)
+    spec = SPEC.but(map_fn=None)
+    ref = run_digests(spec, 1, Execution(runner="inline"), steps=8)
+    assert run_digests(spec, 1, Execution(runner="threads", default_workers=1),
+                       steps=8) == ref

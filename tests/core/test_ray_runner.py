@@ -226,7 +226,9 @@ def test_cluster_gone_then_resume(cluster, monkeypatch):
     gives the batches of the uninterrupted run. Runs last: it restarts the cluster."""
     monkeypatch.setattr(ray_runner, "CLUSTER_GRACE_S", 3.0)  # the default is 10 s
     want = inline_digests("text-demo", 5)
-    ex = Execution(runner="ray", default_workers=2)
+    # groups of 8: with text's default of 64 the first steps' calls already fetched the
+    # documents of steps 3-5, and the run would not need the cluster again
+    ex = Execution(runner="ray", default_workers=2, group_size=8)
     with ElasticRun(lambda: load_recipe("text-demo"), ex) as run:
         sim = run.ranks(2)
         got = [r.sha256 for r in run.steps(sim, 2, "run")]

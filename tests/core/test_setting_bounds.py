@@ -99,7 +99,7 @@ def test_a_declared_bound_is_checked_in_tables_and_python(table, match):
 def test_bounds_show_in_the_docs_table_and_the_help():
     assert "| `count` | `3` | items | how many (>= 1 and <= 10) |" in settings_table(Knobs)
     leaf = next(s for s in flat_settings(Execution) if s.name == "group_size")
-    assert leaf.describe_type() == "int (samples) >= 1"
+    assert leaf.describe_type() == "int (samples) >= 1 or none"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -127,7 +127,8 @@ class Backlog(LaneHook):
         return fits or (needy and own_count < self.first_group)
 
     def may_draw(self, lane: LaneView) -> bool:
-        return self.admits(lane.transforming, lane.needy())
+        # unbounded (the default): no need to ask the lane anything (asked before every draw)
+        return self.limit is None or self.admits(lane.transforming, lane.needy())
 
     def document(self, origin: Origin, payload: Any) -> None:
         self.track(payload)

@@ -70,7 +70,6 @@ class LaneRun:
                                  plan.execution.stall_drops)
         self._hooks = LaneHooks([self._stall, *hooks])
         self._q = LaneQueues(plan, lane, seed, runners, self._hooks)
-        self._budget = plan.prefetch * plan.execution.group_size
         #: rows made: at the row stages (`RowTransform`s), then ready to take, in order
         self._rows = RowQueue(plan, lane, seed, runners, self._hooks)
         self._rows_emitted = 0
@@ -264,7 +263,7 @@ class LaneRun:
         drawn, only when: the lane's stream is the source's order.
         """
         if (self._source_done or self._rows_emitted >= self._want_rows
-                or self._q.in_flight() >= self._budget):
+                or self._q.in_flight() >= self._q.budget):
             return False
         return self._hooks.may_draw(self)
 

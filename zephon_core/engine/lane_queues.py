@@ -10,6 +10,7 @@ stage, what is on its way to each stateful operator (the snapshot's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,15 +18,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from zephon_core.common.hashing import derive, derive_from
 from zephon_core.engine.kinds import StageKind
 from zephon_core.engine.lane_hooks import LaneHooks
-from zephon_core.engine.plan import Plan
+from zephon_core.engine.plan import SMALL_OUTPUT_BYTES, Plan, sample_cap
 from zephon_core.engine.runner_base import Runner
 from zephon_core.engine.snapshot import LaneSnapshot
 from zephon_core.errors import ZephonError
 from zephon_core.ops.contract import Accumulator, Combiner, Digested, Row
-from zephon_core.records import Element, Origin, drop_detail
+from zephon_core.records import Dropped, Element, Origin, drop_detail
 
 _KEY_SALT = 0x454C454D
 
@@ -80,14 +83,49 @@ class Group:
         return self._done[0] if self._done else 0.0
 
 
-class TransformQueue:
-    """A transform stage's elements: waiting to be sent, then in flight, oldest first."""
+def output_bytes(payload: Any) -> int:
+    """Bytes of the arrays, bytes and text in `payload` (dicts, lists, tuples and
+    dataclasses of them; a drop or a number: 0). Anything else (a tensor, an object of
+    the user's) might hold anything: counted as larger than small."""
+    if isinstance(payload, Digested):
+        payload = payload.payload
+    if isinstance(payload, (np.ndarray, memoryview)):
+        return payload.nbytes
+    if isinstance(payload, (bytes, bytearray, str)):
+        return len(payload)
+    if isinstance(payload, dict):
+        return sum(output_bytes(v) for v in payload.values())
+    if isinstance(payload, (list, tuple)):
+        if payload and type(payload[0]) is int:  # token ids as a list: no walk per id
+            return 8 * len(payload)
+        return sum(output_bytes(v) for v in payload)
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        return sum(output_bytes(getattr(payload, f.name)) for f in dataclasses.fields(payload))
+    if payload is None or isinstance(payload, (int, float, np.generic, Dropped)):
+        return 0
+    return SMALL_OUTPUT_BYTES + 1
 
-    __slots__ = ("waiting", "inflight")
+
+class TransformQueue:
+    """A transform stage's elements: waiting to be sent, then in flight, oldest first; and
+    whether all it put out so far was small (None: nothing yet)."""
+
+    __slots__ = ("waiting", "inflight", "small")
 
     def __init__(self) -> None:
         self.waiting: deque[tuple[Origin, Any]] = deque()
         self.inflight: deque[Group] = deque()
+        self.small: bool | None = None
+
+    def saw(self, outs: list[Any]) -> bool:
+        """Note a group's outputs; True if that changed `small`. Once one output is
+        large the stage is large for good, and nothing more is measured."""
+        if self.small is False:
+            return False
+        small = all(output_bytes(out) <= SMALL_OUTPUT_BYTES for out in outs)
+        changed = small is not self.small
+        self.small = small
+        return changed
 
     def count(self) -> int:
         return len(self.waiting) + sum(len(g.origins) for g in self.inflight)
@@ -198,6 +236,9 @@ class LaneQueues:
         #: elements waiting for or inside a transform stage (not yet finished documents),
         #: counted as they move: the backlog sums it over the lanes before every draw
         self.transforming = 0
+        #: the most elements the lane may hold in transforms and inboxes (`in_flight`)
+        self.budget = 0
+        self._update_budget()
 
     def position(self, i: int) -> str:
         """Stateful stage `i` as the snapshot names it: its operator's position."""
@@ -252,10 +293,18 @@ class LaneQueues:
         return pending + held + self.combiner.held_origins()
 
     # --- the transform side ------------------------------------------------
+    def _update_budget(self) -> None:
+        """`prefetch` groups in flight per stage, at the smallest stage's sample cap (a
+        lane with no transform stage: `prefetch` groups of the cap for large outputs)."""
+        ex = self._plan.execution
+        cap = min((sample_cap(ex, bool(st.small)) for st in self.t.values()),
+                  default=sample_cap(ex, small=False))
+        self.budget = self._plan.prefetch * cap
+
     def group_size(self, i: int, warming: bool) -> int:
-        """At most `group_size` samples, about `GROUP_CPU_S` (warming: `WARM_...`) of CPU."""
+        """At most `sample_cap` samples, about `GROUP_CPU_S` (warming: `WARM_...`) of CPU."""
         per = self._runners[i].cpu_per_element()
-        group_size = self._plan.execution.group_size
+        group_size = sample_cap(self._plan.execution, bool(self.t[i].small))
         if per is None:
             return 1 if warming else group_size
         target = WARM_GROUP_CPU_S if warming else GROUP_CPU_S
@@ -304,6 +353,8 @@ class LaneQueues:
                     raise RuntimeError(f"lane {self.lane}, stage {self.stages[i].name!r}, "
                                        f"group starting at {group.origins[0].where()}: "
                                        f"{exc}") from exc
+                if st.saw(outs):
+                    self._update_budget()
                 for o, out in zip(group.origins, outs, strict=True):
                     if isinstance(out, Digested):
                         self._hooks.digest(o, out.digest)

@@ -35,7 +35,7 @@ from zephon_core.engine.loader_end import LoaderEnd
 from zephon_core.engine.metrics import WAIT_WARN_SHARE, LoaderMetrics, recorder_for
 from zephon_core.engine.observe import StageObserver, StageStats
 from zephon_core.engine.phases import PhaseGate
-from zephon_core.engine.plan import Plan
+from zephon_core.engine.plan import Plan, sample_cap
 from zephon_core.engine.rank_hooks import LaneHookFactory, RankHooks
 from zephon_core.engine.relane import change_lanes
 from zephon_core.engine.runner_base import Runner
@@ -129,7 +129,8 @@ class Loader(BackgroundSteps, LoaderEnd):
                         for j, sz in enumerate(sizes)]
         self._failed: BaseException | None = None
         #: finished documents this rank's lanes hold (`Execution.backlog_bytes` bounds it)
-        self.backlog = Backlog(self.execution.backlog_bytes, self.execution.group_size)
+        self.backlog = Backlog(self.execution.backlog_bytes,
+                               sample_cap(self.execution, small=False))
         self._end_group = _end_of_data_group(recipe)
         self.background = background
         self._thread: threading.Thread | None = None
@@ -181,9 +182,8 @@ class Loader(BackgroundSteps, LoaderEnd):
         self._gates: dict[int, PhaseGate] = {}
         self._warming = True
         schedule = r.schedule()
-        budget = self.plan.prefetch * self.execution.group_size
-        hooks = RankHooks(self.backlog, budget if self.digests else None, self._spans,
-                          self.observer, self.lane_hooks)
+        hooks = RankHooks(self.backlog, self.plan.max_in_flight if self.digests else None,
+                          self._spans, self.observer, self.lane_hooks)
         for lane in self.lanes:
             src = LaneSource(self._orders, [d.weight for d in r.datasets], lane, r.num_lanes,
                              r.epochs, schedule=schedule[1] if schedule else None)
