@@ -6,7 +6,8 @@ process: after 20% of `--rows` rows (warm), the CPU the driver process spends (e
 its threads apart), the workers' CPU, the driver's full garbage collections and the
 messages handed to and from the workers, all per 1,000 rows. CPU time, not wall time: on
 a machine shared with other work, counts stay comparable where rates do not.
-Run: ``python scripts/text_driver_cost.py --rows 1000 --execution '{"group_size": 32}'``
+Run: ``python scripts/text_driver_cost.py --rows 1000 --execution '{"group_size": 8}'``
+(``--freeze``: with `gc.freeze()` after the warm-up)
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def main() -> None:
     p.add_argument("--documents", type=int, default=10000, help="documents a dataset")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="text")
     p.add_argument("--execution", default="{}", help="Execution.from_flat's settings, JSON")
+    p.add_argument("--freeze", action="store_true",
+                   help="gc.freeze() after the warm-up, as a training script may (its "
+                        "objects then stay out of the driver's full collections)")
     args = p.parse_args()
     data = build_text_data(args.documents)
     spec = TextSpec({k: [str(f) for f in v] for k, v in data.shards.items()},
@@ -83,6 +87,8 @@ def main() -> None:
             rows += len(loader.last_meta.rows)
             if rows >= warm:
                 break
+        if args.freeze:
+            gc.freeze()
         collections = FullCollections()
         threads, cpu, workers, start = thread_cpu(), time.process_time(), workers_cpu(), rows
         for _ in loader:

@@ -21,10 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.chaos import SlowStart, big, elements, hang_on_13, sigbus_always, stage
+from tests.helpers.chaos import (
+    SlowStart,
+    big,
+    elements,
+    hang_on_13,
+    hanging_start,
+    sigbus_always,
+    stage,
+)
 from tests.helpers.core import TIMED_OUT, DataSpec, Spec, World, reference_digests, within
 from zephon_core import ConfigError, Execution
-from zephon_core.engine import shm
+from zephon_core.engine import processes, shm
 from zephon_core.engine.processes import ProcessRunner
 from zephon_core.ops.contract import StageFn
 
@@ -264,6 +272,38 @@ def test_sweep_removes_a_pool_whose_owner_lock_is_free():
         os.close(owner.fd)  # the owner dies without releasing anything
     shm.sweep_orphans()
     assert not pool_files(prefix)
+
+
+# --- a start that never ends ------------------------------------------------------------
+def test_a_worker_whose_start_hangs_is_replaced_and_its_groups_run(caplog, tmp_path,
+                                                                  monkeypatch):
+    """group_timeout counts from a worker's "ready"; a start that never ended held the
+    groups dealt to it forever (seen when a test's leftover thread made `auto` spawn and a
+    stopped worker had not started yet). Now a starting worker that holds groups is
+    killed past max(group_timeout, start patience) and replaced."""
+    monkeypatch.setattr(processes, "START_PATIENCE_MIN_S", 2.0)
+    caplog.set_level(logging.WARNING, logger="zephon_core.engine.runners")
+    runner = ProcessRunner(hanging_start(str(tmp_path / "first")), workers=2, name="hs",
+                           group_timeout=1.0)
+    try:
+        futures = [runner.submit(elements(i, 2)) for i in range(0, 8, 2)]
+        assert [f.result(timeout=60) for f in futures] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert runner.restarts >= 1
+    finally:
+        runner.close()
+    assert any("did not start within" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_workers_that_never_start_end_the_stage_saying_so(monkeypatch):
+    monkeypatch.setattr(processes, "START_PATIENCE_MIN_S", 1.0)
+    runner = ProcessRunner(hanging_start(None), workers=1, name="hs", group_timeout=0.5)
+    try:
+        err = runner.submit(elements(0, 1)).exception(timeout=60)
+    finally:
+        runner.close()
+    msg = str(err)
+    assert "did not start within 1 s" in msg and "keep hanging while they start" in msg, msg
+    assert "out of memory" not in msg and "__main__" not in msg, msg
 
 
 # --- item 10: workers killed as they start ----------------------------------------------

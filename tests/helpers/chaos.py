@@ -53,6 +53,33 @@ class SlowStart(Map):
         time.sleep(60)
 
 
+class HangingStart(Map):
+    """A Map whose setup never ends (a model load stuck on a dead file server) in the
+    first worker that starts, or in every worker when `marker` is None; the others start
+    at once. The first one claims `marker` by creating it."""
+
+    marker: str | None = None
+
+    def setup(self) -> None:
+        if self.marker is not None:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return
+        time.sleep(3600)
+
+
+def hanging_start(marker: str | None) -> StageFn:
+    """A stage of `HangingStart(identity)` (see there)."""
+    op = HangingStart(identity, name="hang_start")
+    op.marker = marker
+    return StageFn([op])
+
+
+def identity(x: int) -> int:
+    return x
+
+
 def elements(start: int, n: int) -> list[Element]:
     return [Element(i, i, Origin(i, 0, 1, i, 0)) for i in range(start, start + n)]
 

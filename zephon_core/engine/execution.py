@@ -128,7 +128,9 @@ class Execution:
         "before it is killed and replaced and the group re-run (none: wait forever). A "
         "healthy group takes well under a second, a slow read or a long video seconds: 300 s "
         "never fires on those, yet a hang surfaces, naming its samples, before torch's "
-        "10-minute collective timeout kills the job with no hint")
+        "10-minute collective timeout kills the job with no hint. A worker still starting "
+        "with groups dealt to it gets this long or the pool's start patience (at least 60 "
+        "s), whichever is longer")
     stall_seconds: float | None = setting(
         60.0, unit="seconds", above=0,
         help="log each lane's drops by reason after this long without "

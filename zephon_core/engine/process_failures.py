@@ -31,9 +31,37 @@ class WorkerFailures:
     _early_causes: dict[str, int]
     _progress_at: float
     _started: int
+    _answered: list[bool]
+    _assigned: list[deque]
+    _spawned_at: list[float]
 
     def start_patience(self) -> float:
         raise NotImplementedError
+
+    def start_deadline(self) -> float | None:
+        """Seconds a worker may take to start once groups are dealt to it: `group_timeout`,
+        or `start_patience` if longer (a start takes longer than a group: imports, a model
+        load). None without a `group_timeout`: no deadline, as for groups."""
+        if self.group_timeout is None:
+            return None
+        return max(self.group_timeout, self.start_patience())
+
+    def _start_overdue(self, i: int) -> bool:
+        """Worker `i` has not said it is ready past `start_deadline`, holding groups:
+        `group_timeout` counts from a worker's "ready", so a start that never ends (a
+        model load stuck on a dead file server, a worker stopped while it started) would
+        hold them, and the run, for good."""
+        deadline = self.start_deadline()
+        return (deadline is not None and not self._answered[i] and bool(self._assigned[i])
+                and time.monotonic() - self._spawned_at[i] > deadline)
+
+    def _why_replaced(self, exitcode: int | None, overdue: bool, started: bool) -> str:
+        """How a replaced worker ended, for the log line."""
+        if not overdue:
+            return death_cause(exitcode)
+        if started:
+            return f"ran past group_timeout ({self.group_timeout:g} s) and was killed"
+        return f"did not start within {self.start_deadline():g} s and was killed"
 
     def _cannot_start(self, exitcode: int | None) -> bool:
         """Whether the deaths while starting since the last progress show that workers
@@ -66,7 +94,13 @@ class WorkerFailures:
         plural = "worker" if self._started == 1 else "workers"
         return f"{seen}; {self._started} {plural} started before, taking {span} to start"
 
-    def _start_failure(self, exitcode: int | None) -> str:
+    def _start_failure(self, exitcode: int | None, hung: bool = False) -> str:
+        if hung:
+            return (f"stage {self.name}: worker processes keep hanging while they start: "
+                    f"{self._start_record()}; the last one "
+                    f"{self._why_replaced(exitcode, True, False)}; check what the stage's "
+                    "setup loads (a model, a tokenizer, a file on a network mount), or "
+                    "raise Execution.group_timeout if starting is only slow")
         head = (f"stage {self.name}: worker processes keep dying while they start: "
                 f"{self._start_record()}; the last one {death_cause(exitcode)}")
         if exitcode in (-signal.SIGKILL, -signal.SIGBUS):

@@ -30,7 +30,6 @@ from zephon_core.engine.pipe_sender import PipeSender, PipeWatch
 from zephon_core.engine.process_failures import WorkerFailures
 from zephon_core.engine.runner_base import CpuMeter, Runner
 from zephon_core.engine.workers import (
-    death_cause,
     lean_start,
     short_cause,
     start_method_now,
@@ -362,9 +361,12 @@ class ProcessRunner(Runner, WorkerFailures):
                     self._restart(i, overdue=True)
 
     def _overdue(self, i: int) -> bool:
+        """Past `group_timeout` on a group, or starting past `start_deadline` with groups
+        dealt to it (`_start_overdue`)."""
         since = self._busy_since[i]
-        return (self.group_timeout is not None and since is not None
-                and time.monotonic() - since > self.group_timeout)
+        if since is None:
+            return self._start_overdue(i)
+        return self.group_timeout is not None and time.monotonic() - since > self.group_timeout
 
     def _receive(self, conn: Connection) -> bool:
         """Take one answer from a worker; False when its pipe is closed (the worker died)."""
@@ -410,8 +412,7 @@ class ProcessRunner(Runner, WorkerFailures):
             while conn.poll() and self._receive(conn):
                 pass
         started = self._answered[i]
-        why = (f"ran past group_timeout ({self.group_timeout:g} s) and was killed" if overdue
-               else death_cause(p.exitcode))
+        why = self._why_replaced(p.exitcode, overdue, started)
         with self._lock:
             lost = list(self._assigned[i])
             self._assigned[i].clear()
@@ -421,10 +422,10 @@ class ProcessRunner(Runner, WorkerFailures):
                     where)
         if not started:
             self._early_deaths += 1
-            cause = short_cause(p.exitcode)
+            cause = "start timeout" if overdue else short_cause(p.exitcode)
             self._early_causes[cause] = self._early_causes.get(cause, 0) + 1
         with self._lock:
-            if overdue and lost:
+            if overdue and started and lost:
                 lost[0].overdue += 1
             if not started or overdue:  # not these groups' doing (a hang is counted apart)
                 for task in lost:
@@ -432,7 +433,7 @@ class ProcessRunner(Runner, WorkerFailures):
             if not started and self._cannot_start(p.exitcode):
                 lost += list(self._pending)
                 self._pending.clear()
-                self._broken = self._start_failure(p.exitcode)
+                self._broken = self._start_failure(p.exitcode, hung=overdue)
             for task in reversed(lost):
                 error = self._broken or self._group_failure(task, p.exitcode)
                 if error:
