@@ -117,18 +117,23 @@ class Backlog(LaneHook):
     def admits(self, own_count: int, needy: bool) -> bool:
         """May a lane draw one more element? `own_count`: its elements in transforms;
         `needy`: the next step still waits for its rows."""
+        return self._fits() or (needy and own_count < self.first_group)
+
+    def _fits(self) -> bool:
+        """The rank's held bytes plus its in-flight work, priced at the largest document,
+        stay within the bound with one element more."""
         if self.limit is None:
             return True
         in_transforms = sum(lane.transforming for lane in self._lanes)
         if self.documents:
-            fits = self.held + (in_transforms + 1) * self.largest <= self.limit
-        else:  # nothing finished yet, so no size to price the in-flight work at: one group
-            fits = in_transforms < self.first_group
-        return fits or (needy and own_count < self.first_group)
+            return self.held + (in_transforms + 1) * self.largest <= self.limit
+        # nothing finished yet, so no size to price the in-flight work at: one group
+        return in_transforms < self.first_group
 
     def may_draw(self, lane: LaneView) -> bool:
-        # unbounded (the default): no need to ask the lane anything (asked before every draw)
-        return self.limit is None or self.admits(lane.transforming, lane.needy())
+        # `admits`, asking the lane whether it is needy only when the bound is reached
+        # (asked before every draw)
+        return self._fits() or (lane.needy() and lane.transforming < self.first_group)
 
     def document(self, origin: Origin, payload: Any) -> None:
         self.track(payload)
