@@ -65,8 +65,11 @@ class LaneRun:
         self._source = source
         self._r = rows_per_step
         self._batches = batches
+        # draws without a row: four times the data, plus what may be in flight (drawn, not
+        # yet dropped or placed) and slack
         self._stall = StallGuard(lane, plan.combiner,
-                                 4 * sum(o.total for o in source.orders) + 1024,
+                                 4 * sum(o.total for o in source.orders)
+                                 + plan.max_in_flight + 1024,
                                  plan.execution.stall_drops)
         self._hooks = LaneHooks([self._stall, *hooks])
         self._q = LaneQueues(plan, lane, seed, runners, self._hooks)

@@ -24,9 +24,10 @@ class StallGuard(LaneHook):
     element; raises `NoRowsError` when either passes its limit.
 
     `draw_limit`: draws without a row (a bound no healthy lane reaches: four times the
-    data plus slack); `drop_limit`: consecutive drops (`Execution.stall_drops`; None:
-    never). The messages take their advice from the combiner (`CombinerOp.over_length_hint`,
-    `CombinerOp.settings_hint`), so the engine names no concrete operator.
+    data plus the lane's in-flight bound and slack); `drop_limit`: consecutive drops
+    (`Execution.stall_drops`; None: never). The messages take their advice from the
+    combiner (`CombinerOp.over_length_hint`, `CombinerOp.settings_hint`), so the engine
+    names no concrete operator.
     """
 
     def __init__(self, lane: int, combiner: CombinerOp, draw_limit: int,
