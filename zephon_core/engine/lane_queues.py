@@ -353,8 +353,8 @@ class LaneQueues:
                     raise RuntimeError(f"lane {self.lane}, stage {self.stages[i].name!r}, "
                                        f"group starting at {group.origins[0].where()}: "
                                        f"{exc}") from exc
-                if st.saw(outs):
-                    self._update_budget()
+                if self._plan.execution.group_size is None and st.saw(outs):
+                    self._update_budget()  # a size the user set is kept: nothing to measure
                 for o, out in zip(group.origins, outs, strict=True):
                     if isinstance(out, Digested):
                         self._hooks.digest(o, out.digest)
