@@ -57,7 +57,7 @@ class Backlog(LaneHook):
     """The finished documents of one rank's lanes: bytes held now, at peak, and the bound.
 
     `limit` None counts without limiting. Read `held`, `peak` and `largest`
-    from any thread; `track` and `admits` are for the driver thread.
+    from any thread; `track` and `may_draw` are for the driver thread.
     """
 
     def __init__(self, limit: int | None, first_group: int = 1) -> None:
@@ -90,7 +90,7 @@ class Backlog(LaneHook):
             return self._added - self._freed_total
 
     def serve(self, lanes: Sequence[_Lane]) -> None:
-        """The lanes whose in-flight work `admits` prices: every lane of the rank, replacing
+        """The lanes whose in-flight work `may_draw` prices: every lane of the rank, replacing
         those before (a restore builds new lanes; the old ones' work is abandoned)."""
         self._lanes = lanes
 
@@ -114,11 +114,6 @@ class Backlog(LaneHook):
             self._added += fresh
             self.peak = max(self.peak, self.held)
 
-    def admits(self, own_count: int, needy: bool) -> bool:
-        """May a lane draw one more element? `own_count`: its elements in transforms;
-        `needy`: the next step still waits for its rows."""
-        return self._fits() or (needy and own_count < self.first_group)
-
     def _fits(self) -> bool:
         """The rank's held bytes plus its in-flight work, priced at the largest document,
         stay within the bound with one element more."""
@@ -131,8 +126,9 @@ class Backlog(LaneHook):
         return in_transforms < self.first_group
 
     def may_draw(self, lane: LaneView) -> bool:
-        # `admits`, asking the lane whether it is needy only when the bound is reached
-        # (asked before every draw)
+        """May `lane` draw one more element? While the bound holds, or while the next step
+        still waits for its rows (`needy`, asked only then: this runs before every draw)
+        and it has less than one group in its transforms."""
         return self._fits() or (lane.needy() and lane.transforming < self.first_group)
 
     def document(self, origin: Origin, payload: Any) -> None:
