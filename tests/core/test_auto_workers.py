@@ -182,7 +182,10 @@ def test_auto_moves_workers_toward_an_expensive_operator_and_batches_are_unchang
         monkeypatch):
     monkeypatch.setattr(autoscale, "AUTO_WINDOW_S", 0.5)
     spec = Spec(shuffle_pos=None, use_filter=False, map_fn=slow_tokens)
-    ex = Execution(runner="processes", workers="auto", fuse=False, default_workers=4)
+    # groups of 8: the sizer trusts a window only with enough groups in it, and these
+    # small documents would otherwise go 64 a call (1.3 s of sleeping each)
+    ex = Execution(runner="processes", workers="auto", fuse=False, default_workers=4,
+                   group_size=8)
     got: list[str] = []
     with World(spec, 1, ex) as w:
         loader = w.loaders[0]
