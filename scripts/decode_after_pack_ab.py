@@ -1,17 +1,22 @@
 """Decode in the tokenizer against decode after the packer (``decode_after_pack``), side by
-side on one benchmark workload: wall time, first batch, CPU per delivered sample and the
-cores the run kept busy.
+side on one benchmark workload: wall time, first batch, CPU per delivered sample, the
+cores the run kept busy and (``--pss``) peak PSS; with ``--row-threads N`` also decode after the
+packer with the row decode on N threads of the driver (no row worker processes).
 
 Each run is a fresh process (``fork``) with one `Loader` over the workload for `--epochs`
 epochs, the two orders alternating `--reps` times, so a disturbance hits both alike. CPU
 is counted, not sampled: the driver process's own (every thread) and its worker processes'
 (reaped at `Loader.close`). ``cores`` is CPU over wall: below the machine's cores, they
-idled.
+idled. Peak PSS is the process tree's, polled every 0.2 s from this process (as the
+benchmark does), so the run's own start method is not changed by the poller; the poll
+reads every process's page map and takes CPU from the run, more the more processes it has
+(decode after the packer with row worker processes: five), so time and memory are best
+measured in separate runs.
 
 The workload's settings come from a benchmark JSON (``zephon-vl bench ... --json PATH``
 writes them, with its data built and cached).
 Run: ``python scripts/decode_after_pack_ab.py --bench-json PATH --workload fullsize
-[--epochs 3] [--reps 2]``
+[--epochs 3] [--reps 2] [--row-threads 2]``
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ import statistics
 import time
 from typing import Any
 
+import psutil
 from zephon_bench.workload import WorkSpec
 
-from zephon_core import Loader
+from zephon_core import Execution, Loader
+
+#: the arrangements compared: decode_after_pack, and where the row decode runs
+ORDERS = {"tokenizer": (False, None), "after pack": (True, None),
+          "after, threads": (True, "threads")}
 
 
 def _spec(bench_json: str, workload: str, epochs: int) -> WorkSpec:
@@ -47,11 +57,11 @@ def _cpu(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _run(spec: WorkSpec, after: bool, out: Any) -> None:
+def _run(spec: WorkSpec, after: bool, execution: Execution, out: Any) -> None:
     recipe = spec.recipe({"decode_after_pack": after})
     own, kids = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    loader = Loader(recipe, 0, 1)
+    loader = Loader(recipe, 0, 1, execution)
     samples, first = 0, None
     for _ in loader:
         samples += sum(len(row) for row in loader.last_meta.rows)
@@ -64,15 +74,29 @@ def _run(spec: WorkSpec, after: bool, out: Any) -> None:
              "cores": (own + kids) / wall})
 
 
-def measure(spec: WorkSpec, after: bool) -> dict:
+def _tree_pss(root: psutil.Process) -> int:
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            total += p.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(spec: WorkSpec, after: bool, execution: Execution, pss: bool) -> dict:
     """One run in a fresh forked process (its workers are its children)."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    p = ctx.Process(target=_run, args=(spec, after, out))
+    p = ctx.Process(target=_run, args=(spec, after, execution, out))
     p.start()
+    root, peak = psutil.Process(p.pid), 0
+    while pss and out.empty() and p.is_alive():
+        peak = max(peak, _tree_pss(root))
+        time.sleep(0.2)
     result = out.get(timeout=1800)
     p.join()
-    return result
+    return {**result, "peak_pss_mb": peak / 2**20}
 
 
 def main() -> None:
@@ -81,21 +105,29 @@ def main() -> None:
     ap.add_argument("--workload", default="fullsize")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--row-threads", type=int, default=0,
+                    help="also decode after the packer on this many driver threads")
+    ap.add_argument("--pss", action="store_true", help="poll the peak PSS (costs the run CPU)")
     args = ap.parse_args()
     spec = _spec(args.bench_json, args.workload, args.epochs)
-    runs: dict[str, list[dict]] = {"tokenizer": [], "after pack": []}
+    orders = {k: v for k, v in ORDERS.items() if v[1] is None or args.row_threads}
+    runs: dict[str, list[dict]] = {name: [] for name in orders}
     for rep in range(args.reps):
-        for name, after in (("tokenizer", False), ("after pack", True)):
-            r = measure(spec, after)
+        for name, (after, runner) in orders.items():
+            ex = Execution(runners={"decode_rows": runner},
+                           workers={"decode_rows": args.row_threads}) if runner else Execution()
+            r = measure(spec, after, ex, args.pss)
             runs[name].append(r)
-            print(f"rep {rep} {name:10s} wall {r['wall_s']:6.2f} s  first batch "
+            print(f"rep {rep} {name:14s} wall {r['wall_s']:6.2f} s  first batch "
                   f"{r['first_batch_s']:5.2f} s  CPU/sample driver {r['driver_ms']:5.2f} ms "
-                  f"workers {r['workers_ms']:6.2f} ms  cores {r['cores']:.2f}", flush=True)
+                  f"workers {r['workers_ms']:6.2f} ms  cores {r['cores']:.2f}"
+                  + (f"  peak PSS {r['peak_pss_mb']:5.0f} MB" if args.pss else ""), flush=True)
     for name, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"median {name:10s} wall {med['wall_s']:6.2f} s  first batch "
+        print(f"median {name:14s} wall {med['wall_s']:6.2f} s  first batch "
               f"{med['first_batch_s']:5.2f} s  CPU/sample "
-              f"{med['driver_ms'] + med['workers_ms']:6.2f} ms  cores {med['cores']:.2f}")
+              f"{med['driver_ms'] + med['workers_ms']:6.2f} ms  cores {med['cores']:.2f}"
+              + (f"  peak PSS {med['peak_pss_mb']:5.0f} MB" if args.pss else ""))
 
 
 if __name__ == "__main__":
