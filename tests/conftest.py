@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,36 @@ settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("ZEPHON_HYPOTHESIS_PROFILE", "dev"))
 
 SHM = Path("/dev/shm")
+
+
+def _end_subprocesses_then_terminate(signum: int, frame: object) -> None:
+    """SIGTERM to pytest (``timeout``, a cancelled job): end what the tests started first.
+
+    A test's subprocess (a TorchTitan run under torchrun, a storage server) has its own
+    process tree: killed with pytest alone, it ran on, holding cores and its loaders'
+    shared-memory files (106 left in /dev/shm once, 2026-12-07). A process forked from
+    pytest inherits this handler and only ends as it would have without it."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True) if os.getpid() == _PYTEST_PID[0] else []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+#: the pytest process, whose handler ends the subprocesses (a forked one's ends itself only)
+_PYTEST_PID = [0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _PYTEST_PID[0] = os.getpid()
+    signal.signal(signal.SIGTERM, _end_subprocesses_then_terminate)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
