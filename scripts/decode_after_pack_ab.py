@@ -4,7 +4,7 @@ cores the run kept busy and (``--pss``) peak PSS; with ``--row-threads N`` also 
 packer with the row decode on N threads of the driver (no row worker processes).
 
 Each run is a fresh process (``fork``) with one `Loader` over the workload for `--epochs`
-epochs, the two orders alternating `--reps` times, so a disturbance hits both alike. CPU
+epochs, the orders alternating `--reps` times, so a disturbance hits both alike. CPU
 is counted, not sampled: the driver process's own (every thread) and its worker processes'
 (reaped at `Loader.close`). ``cores`` is CPU over wall: below the machine's cores, they
 idled. Peak PSS is the process tree's, polled every 0.2 s from this process (as the
