@@ -168,3 +168,10 @@ DRIVER_MARK = 0
 def seen_in_worker(x: int) -> int:
     """The worker's `DRIVER_MARK`: the driver's value in a forked worker, 0 in a spawned one."""
     return DRIVER_MARK
+
+
+def sleep_then_size(payload: dict) -> int:
+    """Sleeps ``payload["sleep"]`` seconds, then answers the size of ``payload["blob"]``
+    (bytes, pickled into the group's message: a large one fills the worker's pipe)."""
+    time.sleep(payload["sleep"])
+    return len(payload["blob"])
