@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any
 
-import psutil
+from zephon_bench.measure import TreeMonitor
 from zephon_bench.workload import WorkSpec
 
 from zephon_core import Execution, Loader
@@ -74,28 +74,21 @@ def _run(spec: WorkSpec, after: bool, execution: Execution, out: Any) -> None:
              "cores": (own + kids) / wall})
 
 
-def _tree_pss(root: psutil.Process) -> int:
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            total += p.memory_full_info().pss
-        except psutil.Error:
-            pass
-    return total
-
-
 def measure(spec: WorkSpec, after: bool, execution: Execution, pss: bool) -> dict:
-    """One run in a fresh forked process (its workers are its children)."""
+    """One run in a fresh forked process (its workers are its children); with `pss`, its
+    tree polled by the benchmark's own `TreeMonitor`."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     p = ctx.Process(target=_run, args=(spec, after, execution, out))
     p.start()
-    root, peak = psutil.Process(p.pid), 0
-    while pss and out.empty() and p.is_alive():
-        peak = max(peak, _tree_pss(root))
-        time.sleep(0.2)
+    monitor = TreeMonitor(p.pid) if pss else None
+    if monitor is not None:
+        monitor.start()
     result = out.get(timeout=1800)
+    if monitor is not None:
+        monitor.stop()
     p.join()
+    peak = max(monitor.series.tree_pss) if monitor is not None else 0
     return {**result, "peak_pss_mb": peak / 2**20}
 
 
