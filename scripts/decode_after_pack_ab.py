@@ -26,6 +26,7 @@ import dataclasses
 import json
 import multiprocessing as mp
 import os
+import queue
 import resource
 import statistics
 import time
@@ -84,12 +85,28 @@ def measure(spec: WorkSpec, after: bool, execution: Execution, pss: bool) -> dic
     monitor = TreeMonitor(p.pid) if pss else None
     if monitor is not None:
         monitor.start()
-    result = out.get(timeout=1800)
-    if monitor is not None:
-        monitor.stop()
-    p.join()
+    try:
+        result = _result(p, out)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        p.join()
     peak = max(monitor.series.tree_pss) if monitor is not None else 0
     return {**result, "peak_pss_mb": peak / 2**20}
+
+
+def _result(p: Any, out: Any, limit_s: float = 1800.0) -> dict:
+    """The run's result; an error naming the exit code once the run ends without one (a
+    failed run would otherwise leave this process waiting on the queue)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=1.0)
+        except queue.Empty:
+            if not p.is_alive() and out.empty():
+                raise SystemExit(f"the run ended with exit code {p.exitcode} and no result "
+                                 "(its traceback is above)") from None
+    raise SystemExit(f"the run gave no result in {limit_s:.0f} s")
 
 
 def main() -> None:

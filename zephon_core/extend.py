@@ -42,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "RowTransform": "zephon_core.ops.row_transform",
     "RowStageFn": "zephon_core.ops.row_transform",
     "RowFiller": "zephon_core.ops.pack",
+    # bytes a lane holds in a worker's shared memory, sent on to another worker by name
+    "SharedBytes": "zephon_core.engine.shm_slices",
+    "shared_bytes": "zephon_core.engine.shm_slices",
     # readers and formats
     "ShardReader": "zephon_core.data.readers",
     "ReadsMany": "zephon_core.data.readers",

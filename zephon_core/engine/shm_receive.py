@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from zephon_core.common.leaves import map_leaves
+from zephon_core.engine import shm_slices
 from zephon_core.engine.shm_files import _PLAIN, SHM_DIR, Packed, PackedList, _ArrayRef, _is_ref
 
 
@@ -110,9 +111,11 @@ def unpack(packed: Packed | PackedList, on_release: Callable[[str], None] | None
 
 def _views(packed: Packed, mm: mmap.mmap, on_release: Callable[[str], None]) -> Any:
     """The message's arrays as views of one array over the file's bytes: when the last of
-    them is garbage, so is that array, and the file is released."""
+    them is garbage, so is that array, and the file is released. Until then another
+    process may read them from the file (`shm_slices`)."""
     whole = np.frombuffer(mm, np.uint8, packed.size)
     weakref.finalize(whole, on_release, packed.segment).atexit = False
+    shm_slices.register(whole, packed.segment)
 
     def give(ref: _ArrayRef) -> np.ndarray:
         dtype = np.dtype(ref.dtype)

@@ -19,6 +19,7 @@ import numpy as np
 import xxhash
 
 from zephon_core import BadSampleError
+from zephon_core.extend import SharedBytes, shared_bytes
 from zephon_vl.media.geometry import VisionPatches
 from zephon_vl.media.header_geometry import ItemGeometry, image_geometry, video_plan
 from zephon_vl.media.image import ImageSettings, finish_patches, process_image
@@ -31,8 +32,8 @@ from zephon_vl.media.video import (
     read_video_reference,
 )
 
-__all__ = ["ClipReference", "PlannedItem", "decoded_rows", "item_pixels", "items_for_the_packer",
-           "plan_clip_reference", "plan_image", "plan_video"]
+__all__ = ["BytesGone", "ClipReference", "PlannedItem", "decoded_rows", "item_pixels",
+           "items_for_the_packer", "plan_clip_reference", "plan_image", "plan_video"]
 
 
 class ClipReference(NamedTuple):
@@ -47,6 +48,12 @@ class ClipReference(NamedTuple):
     sample: str
 
 
+class BytesGone(Exception):
+    """A planned item's bytes, sent by where they lay in shared memory, are no longer
+    there (the worker that read them ended): the lane, which holds its own view of them,
+    decodes the item instead."""
+
+
 @dataclass(frozen=True, repr=False)
 class PlannedItem:
     """One image or clip whose patch grid is known and whose pixels are not decoded yet."""
@@ -56,10 +63,10 @@ class PlannedItem:
     #: walk reads this)
     leaf_fields: ClassVar[tuple[str, ...]] = ("data",)
     #: the encoded bytes as a uint8 array: a process pool moves arrays through shared
-    #: memory (from the planning worker to the lane: a file a group, reused), or as
-    #: `bytes` (`with_bytes`: to the row decode, pickled with the row's group); or where
-    #: a clip named by reference is (`ClipReference`)
-    data: np.ndarray | bytes | ClipReference
+    #: memory (from the planning worker to the lane: a file a group, reused); to the row
+    #: decode, where they lie in that memory (`SharedBytes`) or as `bytes` (`to_send`);
+    #: or where a clip named by reference is (`ClipReference`)
+    data: np.ndarray | bytes | ClipReference | SharedBytes
     geometry: ItemGeometry
     where: str
     image: ImageSettings
@@ -92,9 +99,15 @@ class PlannedItem:
                 f"{xxhash.xxh3_64_hexdigest(data)}, {self.geometry})")
 
     def encoded(self) -> bytes:
-        """The encoded bytes (a clip named by reference: read from where it is)."""
+        """The encoded bytes (a clip named by reference: read from where it is; bytes in
+        shared memory: read from there, `BytesGone` if they are no longer)."""
         if isinstance(self.data, ClipReference):
             return read_video_reference(*self.data)
+        if isinstance(self.data, SharedBytes):
+            data = self.data.read()
+            if data is None:
+                raise BytesGone(f"{self.where}: {self.data.segment} is gone")
+            return data
         return self.data if isinstance(self.data, bytes) else self.data.tobytes()
 
     def with_bytes(self) -> PlannedItem:
@@ -103,7 +116,17 @@ class PlannedItem:
         a row costs the lane more)."""
         if isinstance(self.data, ClipReference | bytes):
             return self
-        return dataclasses.replace(self, data=self.data.tobytes())
+        return dataclasses.replace(self, data=self.encoded())
+
+    def to_send(self) -> PlannedItem:
+        """What a row decode in another process is sent: where the bytes lie in a planning
+        worker's shared memory when the lane holds them there (`shared_bytes`: the lane
+        keeps the row, so they stay put while the decode reads them), else `with_bytes`."""
+        if isinstance(self.data, np.ndarray):
+            where = shared_bytes(self.data)
+            if where is not None:
+                return dataclasses.replace(self, data=where)
+        return self.with_bytes()
 
     def smaller_decoded(self) -> bool:
         """Its decoded pixels take less room than its encoded bytes (a large noisy PNG
@@ -113,7 +136,9 @@ class PlannedItem:
         if isinstance(self.data, ClipReference):
             return False
         g = self.geometry
-        return g.frames * g.height * g.width * 3 < len(self.data)
+        size = self.data.nbytes if isinstance(self.data, np.ndarray | SharedBytes) \
+            else len(self.data)
+        return g.frames * g.height * g.width * 3 < size
 
     def blank(self) -> VisionPatches:
         """The patch rows of a black item of the planned size: every pixel 0 before
@@ -155,8 +180,11 @@ class PlannedItem:
 
 
 def _array(data: bytes) -> np.ndarray:
-    """The bytes as a uint8 array of their own (the sample's buffer is not kept alive)."""
-    return np.frombuffer(data, dtype=np.uint8).copy()
+    """The bytes as a uint8 array that keeps no larger buffer alive: a view of a `bytes`
+    object (it is its own buffer; a full-size photo is not copied again), a copy of a
+    view into something larger (a memoryview of a shard's block)."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    return view if type(data) is bytes else view.copy()
 
 
 def plan_image(data: bytes, image: ImageSettings, where: str) -> PlannedItem | VisionPatches:

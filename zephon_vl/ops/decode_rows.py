@@ -28,7 +28,7 @@ import numpy as np
 
 from zephon_core import BadSampleError
 from zephon_core.extend import Row, RowTransform, Segment, check_on_error
-from zephon_vl.media.planned import PlannedItem
+from zephon_vl.media.planned import BytesGone, PlannedItem
 
 #: the drop reason of a sample whose planned item failed to decode after its row closed
 DECODE_FAILED = "decode_failed_after_plan"
@@ -41,10 +41,11 @@ Place = tuple[int, int]
 class DecodePlanned(RowTransform):
     """Each segment's planned items in ``payload["pixel_values"]`` -> their patch rows.
 
-    The runner is sent a row's planned items only (`row_part`), their bytes as `bytes`
-    (pickled with the group: one shared-memory file a row cost the lane more than the
-    copy), and answers each item's patch rows; the lane puts them in the row
-    (`row_from`). Not in the fingerprint (`fingerprinted`): its rows are the ones the
+    The runner is sent a row's planned items only (`row_part`), each with where its bytes
+    lie in the planning worker's shared memory (`PlannedItem.to_send`: one copy where
+    pickling the bytes made four), and answers each item's patch rows; the lane puts them
+    in the row (`row_from`), decoding itself an item whose bytes were gone (the worker
+    that held them had ended). Not in the fingerprint (`fingerprinted`): its rows are the ones the
     collate's own decode of a planned item would make, so a checkpoint written without
     it restores. `on_error` is the recipe's bad-input policy: ``drop`` keeps the
     sample's place (a black image, no labels, a recorded drop), ``raise`` stops the run
@@ -60,17 +61,18 @@ class DecodePlanned(RowTransform):
 
     def row_part(self, row: Row) -> list[PlannedItem] | None:
         """The row's planned items (None: it holds none, so it needs no trip)."""
-        return [item.with_bytes() for _, item in planned_places(row)] or None
+        return [item.to_send() for _, item in planned_places(row)] or None
 
-    def process_rows(self, rows: list[list[PlannedItem]]) -> list[list[Decoded]]:
+    def process_rows(self, rows: list[list[PlannedItem]]) -> list[list[Decoded | None]]:
         return [[decode_item(item) for item in items] for items in rows]
 
-    def row_from(self, row: Row, result: list[Decoded]) -> Row:
+    def row_from(self, row: Row, result: list[Decoded | None]) -> Row:
         """`row` with its planned items replaced by their patch rows (a new row; `row` is
-        left as it was), the failures handled by `on_error`."""
+        left as it was), the failures handled by `on_error`; an item the runner could not
+        read (None) is decoded here, from the lane's own view of its bytes."""
         decoded: dict[int, dict[int, Decoded]] = {}
-        for (i, j), got in zip((p for p, _ in planned_places(row)), result, strict=True):
-            decoded.setdefault(i, {})[j] = got
+        for ((i, j), item), got in zip(planned_places(row), result, strict=True):
+            decoded.setdefault(i, {})[j] = decode_item(item) if got is None else got
         if not decoded:
             return row
         segments: list[Segment] = []
@@ -115,9 +117,12 @@ def planned_places(row: Row) -> Iterator[tuple[Place, PlannedItem]]:
                 yield (i, j), v
 
 
-def decode_item(item: PlannedItem) -> Decoded:
-    """The item's patch rows, or its black blank and the failure where the decode fails."""
+def decode_item(item: PlannedItem) -> Decoded | None:
+    """The item's patch rows, or its black blank and the failure where the decode fails;
+    None where its bytes were sent by place and are gone (`BytesGone`)."""
     try:
         return item.decode().pixel_values, None
     except BadSampleError as exc:
         return item.blank().pixel_values, exc
+    except BytesGone:
+        return None
