@@ -173,7 +173,12 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
                    {"execution": {"start_method": "spawn"}}),
                  c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}}),
                  c("zephon decode after packing (decode_after_pack=true)", "zephon",
-                   {"execution": {}, "pack": {"decode_after_pack": True}})]
+                   {"execution": {}, "pack": {"decode_after_pack": True}}),
+                 # the planning stage (read, headers, tokens) is light once the decode
+                 # follows the packer: one process for it holds less memory
+                 c("zephon decode after packing, 1 planning worker", "zephon",
+                   {"execution": {"workers": {"read": 1, "decode": 1, "tokenize": 1}},
+                    "pack": {"decode_after_pack": True}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
                {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]

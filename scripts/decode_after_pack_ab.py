@@ -53,6 +53,12 @@ def _spec(bench_json: str, workload: str, epochs: int) -> WorkSpec:
     return dataclasses.replace(WorkSpec(**fields), epochs=epochs)
 
 
+def _workers(text: str) -> list[tuple[str, int]]:
+    """``NAME=N,...`` as pairs."""
+    return [(name.strip(), int(n)) for name, n in
+            (part.split("=", 1) for part in text.split(",") if part.strip())]
+
+
 def _cpu(who: int) -> float:
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
@@ -117,6 +123,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--row-threads", type=int, default=0,
                     help="also decode after the packer on this many driver threads")
+    ap.add_argument("--workers", default="",
+                    help="workers of named operators for every order, NAME=N,... (e.g. "
+                         "tokenize=1,decode_rows=2)")
     ap.add_argument("--pss", action="store_true", help="poll the peak PSS (costs the run CPU)")
     args = ap.parse_args()
     spec = _spec(args.bench_json, args.workload, args.epochs)
@@ -124,8 +133,11 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in orders}
     for rep in range(args.reps):
         for name, (after, runner) in orders.items():
-            ex = Execution(runners={"decode_rows": runner},
-                           workers={"decode_rows": args.row_threads}) if runner else Execution()
+            workers = dict(_workers(args.workers))
+            if runner:
+                workers["decode_rows"] = args.row_threads
+            ex = Execution(runners={"decode_rows": runner} if runner else {},
+                           workers=workers)
             r = measure(spec, after, ex, args.pss)
             runs[name].append(r)
             print(f"rep {rep} {name:14s} wall {r['wall_s']:6.2f} s  first batch "
