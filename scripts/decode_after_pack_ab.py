@@ -36,6 +36,7 @@ from zephon_bench.measure import TreeMonitor
 from zephon_bench.workload import WorkSpec
 
 from zephon_core import Execution, Loader
+from zephon_core.internals import parse_workers
 
 #: the arrangements compared: decode_after_pack, and where the row decode runs
 ORDERS = {"tokenizer": (False, None), "after pack": (True, None),
@@ -51,12 +52,6 @@ def _spec(bench_json: str, workload: str, epochs: int) -> WorkSpec:
         if isinstance(v, str) and v.startswith("~"):
             fields[k] = os.path.expanduser(v)
     return dataclasses.replace(WorkSpec(**fields), epochs=epochs)
-
-
-def _workers(text: str) -> list[tuple[str, int]]:
-    """``NAME=N,...`` as pairs."""
-    return [(name.strip(), int(n)) for name, n in
-            (part.split("=", 1) for part in text.split(",") if part.strip())]
 
 
 def _cpu(who: int) -> float:
@@ -133,7 +128,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in orders}
     for rep in range(args.reps):
         for name, (after, runner) in orders.items():
-            workers = dict(_workers(args.workers))
+            workers = dict(parse_workers(args.workers))
             if runner:
                 workers["decode_rows"] = args.row_threads
             ex = Execution(runners={"decode_rows": runner} if runner else {},

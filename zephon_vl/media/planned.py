@@ -111,9 +111,9 @@ class PlannedItem:
         return self.data if isinstance(self.data, bytes) else self.data.tobytes()
 
     def with_bytes(self) -> PlannedItem:
-        """This item with its bytes as `bytes` (a clip named by reference as it is): what a
-        row decode in a process pool is sent, pickled with the group (a shared-memory file
-        a row costs the lane more)."""
+        """This item with its bytes as `bytes` (a clip named by reference as it is), to be
+        pickled with a row's group: what `to_send` falls back to for bytes the lane does
+        not hold in a worker's shared memory."""
         if isinstance(self.data, ClipReference | bytes):
             return self
         return dataclasses.replace(self, data=self.encoded())
