@@ -172,13 +172,14 @@ def e2e_configurations(quick: bool, ncpu: int, spdl: bool | None = None,
                  c("zephon spawned workers (start_method=spawn)", "zephon",
                    {"execution": {"start_method": "spawn"}}),
                  c("zephon prefetch 4 groups per lane", "zephon", {"execution": {"prefetch": 4}}),
-                 c("zephon decode after packing (decode_after_pack=true)", "zephon",
-                   {"execution": {}, "pack": {"decode_after_pack": True}}),
-                 # the planning stage (read, headers, tokens) is light once the decode
-                 # follows the packer: one process for it holds less memory
-                 c("zephon decode after packing, 1 planning worker", "zephon",
-                   {"execution": {"workers": {"read": 1, "decode": 1, "tokenize": 1}},
-                    "pack": {"decode_after_pack": True}})]
+                 # the default before 0.4: every sample decoded by the tokenizer stage
+                 c("zephon decode before packing (decode_after_pack=false)", "zephon",
+                   {"execution": {}, "pack": {"decode_after_pack": False}}),
+                 # the planning operators (read, headers, tokens) in the process pool
+                 # instead of one thread of the loader's process
+                 c("zephon planning in processes", "zephon",
+                   {"execution": {"runners": {"read": "processes", "decode": "processes",
+                                              "tokenize": "processes"}}})]
     ggrid = [(ncpu, 1)] if quick else [(ncpu, 1), (ncpu, 2), (ncpu + 1, 1)]
     cfgs += [c(f"grain mp_prefetch={w} threads={th}", "grain",
                {"workers": w, "threads": th, "buffer": 16}) for w, th in ggrid]

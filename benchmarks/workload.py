@@ -107,7 +107,9 @@ class Work:
 
     @classmethod
     def build(cls, spec: WorkSpec) -> Work:
-        recipe = spec.recipe()
+        # every sample decoded by its own worker call, as a per-sample loader's users
+        # decode (zephon's default decodes after its packer, a stage they do not have)
+        recipe = spec.recipe({"decode_after_pack": False})
         transforms = [op for op in recipe.ops if isinstance(op, Transform)]
         names = [t.name for t in transforms]
         if names != ["read", "decode", "tokenize"]:

@@ -9,9 +9,10 @@ is counted, not sampled: the driver process's own (every thread) and its worker 
 (reaped at `Loader.close`). ``cores`` is CPU over wall: below the machine's cores, they
 idled. Peak PSS is the process tree's, polled every 0.2 s from this process (as the
 benchmark does), so the run's own start method is not changed by the poller; the poll
-reads every process's page map and takes CPU from the run, more the more processes it has
-(decode after the packer with row worker processes: five), so time and memory are best
-measured in separate runs.
+reads every process's page map and takes CPU from the run, more the more processes it has,
+so time and memory are best measured in separate runs. The decode after the packer plans
+in one thread of the driver (the recipe's default since 0.4); ``--runners
+read=processes,decode=processes,tokenize=processes`` plans in the process pool instead.
 
 The workload's settings come from a benchmark JSON (``zephon-vl bench ... --json PATH``
 writes them, with its data built and cached).
@@ -36,7 +37,7 @@ from zephon_bench.measure import TreeMonitor
 from zephon_bench.workload import WorkSpec
 
 from zephon_core import Execution, Loader
-from zephon_core.internals import parse_workers
+from zephon_core.internals import parse_runners, parse_workers
 
 #: the arrangements compared: decode_after_pack, and where the row decode runs
 ORDERS = {"tokenizer": (False, None), "after pack": (True, None),
@@ -121,6 +122,9 @@ def main() -> None:
     ap.add_argument("--workers", default="",
                     help="workers of named operators for every order, NAME=N,... (e.g. "
                          "tokenize=1,decode_rows=2)")
+    ap.add_argument("--runners", default="",
+                    help="runners of named operators for every order, NAME=KIND,... (e.g. "
+                         "read=processes,decode=processes,tokenize=processes)")
     ap.add_argument("--pss", action="store_true", help="poll the peak PSS (costs the run CPU)")
     args = ap.parse_args()
     spec = _spec(args.bench_json, args.workload, args.epochs)
@@ -131,8 +135,10 @@ def main() -> None:
             workers = dict(parse_workers(args.workers))
             if runner:
                 workers["decode_rows"] = args.row_threads
-            ex = Execution(runners={"decode_rows": runner} if runner else {},
-                           workers=workers)
+            runners = dict(parse_runners(args.runners))
+            if runner:
+                runners["decode_rows"] = runner
+            ex = Execution(runners=runners, workers=workers)
             r = measure(spec, after, ex, args.pss)
             runs[name].append(r)
             print(f"rep {rep} {name:14s} wall {r['wall_s']:6.2f} s  first batch "

@@ -101,17 +101,19 @@ def test_ray_digests_equal_inline(cluster, recipe, dp):
 
 
 def test_decode_on_labelled_nodes_only(cluster):
-    """``runners={"decode": "ray"}`` with a resource label: the decode stage runs on the
-    nodes that offer the label (only), the other stages locally; same batches."""
-    ex = Execution(runners={"decode": "ray"}, ray_resources=LABEL, default_workers=1)
+    """``runners={"decode_rows": "ray"}`` with a resource label: the pixel decode (after
+    the packer, the row stage) runs on the nodes that offer the label (only), the planning
+    stage locally; same batches."""
+    ex = Execution(runners={"decode_rows": "ray"}, ray_resources=LABEL, default_workers=1)
     with ElasticRun(lambda: load_recipe("vlm-demo"), ex) as run:
-        kinds = [s.runner_kind for s in Plan(run.recipe.ops, ex).stages
-                 if s.kind == "transform"]
+        plan = Plan(run.recipe.ops, ex, row_ops=run.recipe.row_ops)
+        kinds = [s.runner_kind for s in plan.stages if s.kind == "transform"]
         got = [r.sha256 for r in run.run(2, STEPS)]
         (decode,) = ray_runners(run)
-        assert decode.name == "decode"
+        assert decode.name == "decode_rows"
         assert set(decode.nodes) == {labelled_node()}
-    assert kinds == ["processes", "ray", "processes"]
+    assert kinds == ["threads"]
+    assert [s.runner_kind for s in plan.row_stages] == ["ray"]
     assert got == inline_digests("vlm-demo")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.vl import demo_samples_by_kind, make_recipe, run_epoch
-from zephon_core import Execution, Loader, run_digests
+from zephon_core import Execution, Loader, RunnerKind, run_digests
 from zephon_core.internals import sample_digest
 from zephon_vl import write_shards
 from zephon_vl.media.image import ImageSettings
@@ -50,12 +50,28 @@ class Factory:
                            shuffle_buffer=4, pack={"decode_after_pack": True})
 
 
-def test_by_default_the_tokenizer_decodes_what_fits(shards):
-    """Decoding after the packer is asked for (`decode_after_pack`): measured slower on small
-    photos (docs/design.md), it is not the default yet."""
+def test_by_default_the_decode_follows_the_packer_and_planning_runs_in_a_thread(shards):
+    """Since 0.4 the decode follows the packer by default, and the planning operators
+    (read, headers, tokens) run in one thread of the loader's process: the first batch and
+    the memory no longer grow with the open bins (docs/design.md)."""
     recipe = make_recipe(shards, num_lanes=4, global_batch_size=4, shuffle_buffer=4)
+    assert [type(o) for o in recipe.row_ops] == [DecodePlanned]
+    planning = [o for o in recipe.ops if o.name in ("read", "decode", "tokenize")]
+    assert [o.default_runner for o in planning] == ["threads"] * 3
+    ex = Execution()
+    assert {ex.runner_for(o) for o in planning} == {(RunnerKind.THREADS, 1)}
+    assert ex.runner_for(recipe.row_ops[0])[0] is RunnerKind.PROCESSES
+
+
+def test_decode_before_the_packer_when_asked(shards):
+    """``decode_after_pack = false``: the tokenizer decodes what fits, in the process pool,
+    as before 0.4."""
+    recipe = make_recipe(shards, num_lanes=4, global_batch_size=4, shuffle_buffer=4,
+                         pack={"decode_after_pack": False})
     assert recipe.row_ops == []
-    assert next(o for o in recipe.ops if o.name == "tokenize").decode_planned
+    tokenize = next(o for o in recipe.ops if o.name == "tokenize")
+    assert tokenize.decode_planned
+    assert tokenize.default_runner == "processes"
 
 
 def test_the_recipe_decodes_after_the_packer(shards):

@@ -82,8 +82,11 @@ def test_profile_vlm_demo_reports_cpu_per_sample_the_driver_and_the_slowest_step
                  "--png", str(png)]) == 0
     got = json.loads(out.read_text())
     check_report(got, capsys.readouterr().out, 3)
-    decode = next(s for s in got["stages"] if "decode" in s["operators"])
+    # the decode after the packer in the process pool; the planning in a driver thread
+    decode = next(s for s in got["stages"] if "decode_rows" in s["operators"])
     assert decode["runner"] == "processes" and decode["cpu_clock"] == "process"
+    planning = next(s for s in got["stages"] if "decode" in s["operators"])
+    assert planning["runner"] == "threads" and planning["cpu_clock"] == "thread"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fig = profile_figure(got)
     assert len(fig.axes) == 2  # the stage bars and the slowest step's timeline

@@ -13,6 +13,12 @@ missing caption           a ``.jpg`` without ``.txt``/``.json``        missing_c
 decompression bomb        a PNG whose IHDR claims 100000 x 100000      decompression_bomb
 truncated tar member      the shard file cut inside its last member    truncated_member
 ========================  ===========================================  ====================
+
+These reasons are those of the decode before the packer (``decode_after_pack = false``),
+which most tests here pin: there every bad sample is refused before a row is made. With
+the default decode after the packer, a truncated JPEG's header is intact, so its sample is
+planned into a row and then kept there as a black image without labels
+(``decode_failed_after_plan``); the last test checks that order on the same data.
 """
 
 from __future__ import annotations
@@ -100,9 +106,12 @@ def mixed(tmp_path_factory, goods) -> list[str]:
     return shards
 
 
-def recipe_for(shards: list[str], on_error: str, num_lanes: int = 2, **kw):
+def recipe_for(shards: list[str], on_error: str, num_lanes: int = 2, after: bool = False,
+               **kw):
+    """The recipe under test; `after`: decode after the packer (the recipe's default)."""
     return make_recipe(shards, num_lanes=num_lanes, global_batch_size=num_lanes, epochs=1,
-                       on_error=on_error, shuffle_buffer=4, **kw)
+                       on_error=on_error, shuffle_buffer=4,
+                       pack={"decode_after_pack": after}, **kw)
 
 
 def keyed(recipe, origins) -> list[str]:
@@ -305,3 +314,33 @@ def test_seq_len_below_one_images_tokens_names_the_cause(tmp_path_factory) -> No
         assert "no new row for 61 s" in report and "seq_len 64 is smaller" in report
     finally:
         loader.close()
+
+
+#: the reasons with the decode after the packer: the truncated JPEG is planned from its
+#: intact header, so it fails in its row instead of before the packer
+EXPECTED_AFTER = {**EXPECTED, "b_truncjpg": "decode_failed_after_plan"}
+
+
+def test_decode_after_the_packer_keeps_a_failed_sample_in_its_row(mixed, goods) -> None:
+    """The default order on the same bad data, inline and on two ranks with the decode in
+    processes: every other bad sample is refused before the packer as before; the
+    truncated JPEG keeps its place in its row with no label and is recorded once."""
+    recipe = recipe_for(mixed, "drop", after=True)
+    (ep,) = [run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))]
+    drops = sorted((k, reason) for k, (_, reason) in
+                   zip(keyed(recipe, [o for o, _ in ep.drops()]), ep.drops(), strict=True))
+    assert drops == sorted(EXPECTED_AFTER.items())
+    assert sorted(keyed(recipe, ep.origins())) == sorted([*goods, "b_truncjpg"])
+    for rows in ep.step_rows:
+        for row in rows:
+            for s in row.segments:
+                if keyed(recipe, [s.origin]) == ["b_truncjpg"]:
+                    assert not s.payload["targets"].any(), "a failed sample trains nothing"
+    want = global_steps(recipe, [ep])
+    ex = Execution(workers={"decode_rows": 2}, group_size=3)
+    eps = [run_epoch(Loader(recipe_for(mixed, "drop", after=True), d, 2, ex))
+           for d in range(2)]
+    got = global_steps(recipe, eps)
+    assert len(got) >= 2 and got == want[:len(got)]
+    assert sorted(d for e in eps for d in e.drops()) == sorted(ep.drops())
+

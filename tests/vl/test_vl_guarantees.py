@@ -100,10 +100,12 @@ def test_digests_across_runner_types_threads(shards, ref) -> None:
 def test_digests_across_runner_types_processes(shards, ref) -> None:
     """Decode and tokenize in process pools with different worker counts: same digests.
 
-    ``auto`` puts read, decode and tokenize on processes; reads are sent to
-    threads here, and decode has 2 workers and tokenize 1, so no stage fuses.
+    Reads are sent to threads here, decode and tokenize to processes (with ``auto``, the
+    decode after the packer plans them in a thread), and decode has 2 workers and
+    tokenize 1, so no stage fuses.
     """
-    ex = Execution(runner="auto", runners={"read": "threads"},
+    ex = Execution(runner="auto", runners={"read": "threads", "decode": "processes",
+                                           "tokenize": "processes"},
                    workers={"read": 2, "decode": 2, "tokenize": 1}, group_size=4,
                    prefetch=2, prefetch_steps=0)
     recipe = make_recipe(shards)
