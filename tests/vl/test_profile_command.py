@@ -19,7 +19,12 @@ def test_split_follows_the_work_and_keeps_one_worker_each():
     split = recommend_split(stages, 8)
     assert split == {"read+decode": 6, "tokenize": 2}  # driver stages take no workers
     assert recommend_split(stages, 1) == {"read+decode": 1, "tokenize": 1}
-    assert recommend_split([stage("a", "processes", 10.0), stage("b", "threads", 0.0)], 4) \
+    # a thread stage beside process stages runs in the loader's process: it keeps its
+    # threads, and the cores go to the pool
+    assert recommend_split([stage("a", "processes", 10.0), stage("b", "threads", 0.0, 2)],
+                           4) == {"a": 4, "b": 2}
+    # thread stages alone share the cores
+    assert recommend_split([stage("a", "threads", 3.0), stage("b", "threads", 1.0)], 4) \
         == {"a": 3, "b": 1}
     assert workers_flags({"read+decode": 6}) == "--workers read=6 --workers decode=6"
 
@@ -56,7 +61,9 @@ def check_report(got: dict, printed: str, cores: int) -> None:
     names = [s["name"] for s in got["stages"]]
     assert got["bottleneck"] in names
     assert f"bottleneck: {got['bottleneck']!r}" in printed
-    assert sum(got["recommended_workers"].values()) == cores
+    pooled = {s["name"] for s in got["stages"] if s["runner"] == "processes"}
+    split = got["recommended_workers"]
+    assert sum(n for name, n in split.items() if name in pooled or not pooled) == cores
     for s in got["stages"]:
         assert s["cpu_ms_per_sample"] >= 0 and s["cpu_clock"]
         assert abs(sum(s["operators"].values()) - s["cpu_ms_per_sample"]) < 1e-6

@@ -4,8 +4,8 @@ Runs the recipe's loader for `--steps` steps after `--warmup` steps (which start
 the workers) with a consumer that does nothing, so every second is the loader's,
 and reads its `LoaderMetrics` (docs/observability.md): each stage's busy
 worker-seconds and utilisation. The bottleneck is the busiest stage. The
-recommended split gives the usable cores to the worker stages in proportion to
-the worker-seconds each used per step, at least one each: the arithmetic of
+recommended split gives the usable cores to the process stages (else the thread
+stages) in proportion to the worker-seconds each used per step, at least one each: the arithmetic of
 ``--workers auto``, which applies it while the loader runs
 (`zephon_core.engine.autoscale`).
 
@@ -38,12 +38,21 @@ _WORKER_KINDS = (RunnerKind.THREADS, RunnerKind.PROCESSES)
 
 
 def recommend_split(stages: list[Any], cores: int) -> dict[str, int]:
-    """Workers per worker stage (threads or processes), proportional to its busy seconds:
-    the arithmetic of `Execution(workers="auto")` (`zephon_core.engine.autoscale`)."""
+    """Workers per worker stage, proportional to its busy seconds: the arithmetic of
+    `Execution(workers="auto")` (`zephon_core.engine.autoscale`). With process stages the
+    cores go to them, and a thread stage keeps its threads: it runs in the loader's own
+    process (the VLM recipes' planning thread), and a core of its own would be taken from
+    the decode on a small machine. With thread stages only (text on threads) they share
+    the cores."""
     from zephon_core.internals import split_workers
 
-    return split_workers({s.name: s.busy_s for s in stages
-                          if s.runner in _WORKER_KINDS}, cores)
+    pooled = [s for s in stages if s.runner == RunnerKind.PROCESSES]
+    if not pooled:
+        return split_workers({s.name: s.busy_s for s in stages
+                              if s.runner in _WORKER_KINDS}, cores)
+    split = split_workers({s.name: s.busy_s for s in pooled}, cores)
+    return {s.name: split.get(s.name, s.workers) for s in stages
+            if s.runner in _WORKER_KINDS}
 
 
 def workers_flags(split: dict[str, int]) -> str:
