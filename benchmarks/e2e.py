@@ -137,10 +137,11 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     trace = Trace()
     watch = LastStageWatch()
     loader = Loader(recipe, 0, 1, ex, observer=watch, background=bool(params.get("background")))
-    watch.stage = max(s.index for s in loader.plan.stages if s.kind is StageKind.TRANSFORM)
+    # the last worker stage: the row decode after the packer where the recipe has one
+    workers = [s for s in loader.plan.stages if s.kind in (StageKind.TRANSFORM, StageKind.ROWS)]
+    watch.stage = max(s.index for s in workers)
     try:
-        trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}"
-                               for s in loader.plan.stages if s.kind is StageKind.TRANSFORM]
+        trace.extra["plan"] = [f"{s.name}:{s.runner_kind}x{s.workers}" for s in workers]
         for batch in loader:
             meta = loader.last_meta
             ids = np.asarray([(o.shard, o.index, e - s) for row in meta.rows

@@ -78,8 +78,10 @@ class Trace:
 # --- zephon ------------------------------------------------------------------
 
 class LastStageWatch:
-    """A zephon stage observer: when each group of the last transform stage (the one before
-    the packer) came back to the driver, and which documents it held.
+    """A zephon stage observer: when each group of the watched stage (`stage`: the last
+    worker stage, the row decode after the packer where there is one, else the last
+    transform before it) came back to the driver, and which documents it held (a row
+    stage's group is a row: a document cut over two rows counts in both).
 
     Tokens and images per group are filled in after the run from the rows the documents
     ended up in (an observer sees no payloads): a document the packer refuses counts as
