@@ -128,9 +128,7 @@ def run_zephon(spec: WorkSpec, params: dict) -> Trace:
     """`params["execution"]`: flat `Execution` settings, e.g. ``{"workers": "decode=2"}``."""
     from zephon_core import Loader
 
-    # the worker stage measured is the per-sample decode + tokenize: decoded before the
-    # packer (the default decodes after it, in a row stage, which this run does not time)
-    recipe = spec.recipe({"decode_after_pack": False})
+    recipe = spec.per_sample_recipe()  # the stage timed decodes and tokenizes each sample
     ex = zephon_execution(dict(params.get("execution", {})))
     trace = Trace()
     watch = LastStageWatch()

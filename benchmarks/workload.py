@@ -89,6 +89,13 @@ class WorkSpec:
                           shuffle_buffer=self.shuffle_buffer,
                           epochs=self.epochs, name="vlm-bench")
 
+    def per_sample_recipe(self) -> Any:
+        """The recipe with every sample decoded by its own worker call, before the packer
+        (`decode_after_pack = false`): the work a per-sample loader's users do, and what
+        the worker-stage runs time (zephon's default decodes after its packer, in a row
+        stage those loaders do not have)."""
+        return self.recipe({"decode_after_pack": False})
+
 
 @dataclass
 class Work:
@@ -107,9 +114,7 @@ class Work:
 
     @classmethod
     def build(cls, spec: WorkSpec) -> Work:
-        # every sample decoded by its own worker call, as a per-sample loader's users
-        # decode (zephon's default decodes after its packer, a stage they do not have)
-        recipe = spec.recipe({"decode_after_pack": False})
+        recipe = spec.per_sample_recipe()
         transforms = [op for op in recipe.ops if isinstance(op, Transform)]
         names = [t.name for t in transforms]
         if names != ["read", "decode", "tokenize"]:

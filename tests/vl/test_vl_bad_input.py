@@ -326,7 +326,7 @@ def test_decode_after_the_packer_keeps_a_failed_sample_in_its_row(mixed, goods) 
     processes: every other bad sample is refused before the packer as before; the
     truncated JPEG keeps its place in its row with no label and is recorded once."""
     recipe = recipe_for(mixed, "drop", after=True)
-    (ep,) = [run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))]
+    ep = run_epoch(Loader(recipe, 0, 1, Execution(runner="inline")))
     drops = sorted((k, reason) for k, (_, reason) in
                    zip(keyed(recipe, [o for o, _ in ep.drops()]), ep.drops(), strict=True))
     assert drops == sorted(EXPECTED_AFTER.items())

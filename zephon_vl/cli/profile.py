@@ -5,8 +5,8 @@ the workers) with a consumer that does nothing, so every second is the loader's,
 and reads its `LoaderMetrics` (docs/observability.md): each stage's busy
 worker-seconds and utilisation. The bottleneck is the busiest stage. The
 recommended split gives the usable cores to the process stages (else the thread
-stages) in proportion to the worker-seconds each used per step, at least one each: the arithmetic of
-``--workers auto``, which applies it while the loader runs
+stages) in proportion to the worker-seconds each used per step, at least one each:
+the arithmetic of ``--workers auto``, which applies it while the loader runs
 (`zephon_core.engine.autoscale`).
 
 CPU per sample is what the workers measured around each operator
